@@ -1,0 +1,1 @@
+"""CacheTTL's control plane: gRPC service, persistence, tenants and inspection."""

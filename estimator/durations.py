@@ -1,0 +1,214 @@
+"""Online model of one tool's call durations.
+
+An exact empirical CDF over a bounded window of recent samples (kept sorted, so the TTL
+search is one vectorised pass), a streaming summary (River ``sketch.Histogram`` of
+log-durations) and drift detection (River ``drift.ADWIN`` on log-durations). When ADWIN
+flags a change, the samples older than its shrunken window — the old regime — leave the
+exact window and the summary is rebuilt from what remains.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from river import drift, sketch
+
+from estimator._checks import check_count, check_duration, check_positive
+from estimator.ttl import FloatArray, best_ttl_sorted
+
+__all__ = ["DurationModel"]
+
+#: Durations below this are logged as this (log of 0 is undefined); 1 µs.
+LOG_FLOOR_S = 1e-6
+
+
+class DurationModel:
+    """Durations of one key (a tool, or a tool invocation), learned one sample at a time.
+
+    Parameters
+    ----------
+    window
+        How many recent samples the exact CDF keeps.
+    forget_on_drift
+        Drop the pre-drift regime when ADWIN detects a change of the log-duration mean.
+    drift_delta
+        ADWIN's confidence parameter (smaller: fewer, surer detections).
+    summary_bins
+        Bins of the streaming log-duration histogram.
+
+    >>> model = DurationModel(window=4)
+    >>> for d in [0.5, 0.1, 2.0, 0.3, 0.2]:
+    ...     model.update(d)
+    >>> model.n_samples, model.n_seen
+    (4, 5)
+    >>> model.cdf(0.3), model.quantile(0.5)
+    (0.75, 0.2)
+    >>> model.best_ttl(benefit_s=3.0)
+    (0.3, 0.75)
+    """
+
+    def __init__(
+        self,
+        window: int = 2000,
+        forget_on_drift: bool = True,
+        drift_delta: float = 0.002,
+        summary_bins: int = 64,
+    ) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive integer, got {window!r}")
+        check_positive("drift_delta", drift_delta)
+        if check_count("summary_bins", summary_bins) < 2:
+            raise ValueError(f"summary_bins must be >= 2, got {summary_bins!r}")
+        self.window = window
+        self.forget_on_drift = forget_on_drift
+        self.drift_delta = drift_delta
+        self.summary_bins = summary_bins
+        self._sorted = np.empty(window, dtype=np.float64)
+        self._ring = np.empty(window, dtype=np.float64)  # arrival order, oldest at _head
+        self._head = 0
+        self._n = 0
+        self._seen = 0
+        self._drift_epoch = 0
+        self._adwin = drift.ADWIN(delta=drift_delta)
+        self._summary = sketch.Histogram(max_bins=summary_bins)
+        self._ranks: FloatArray = np.empty(0, dtype=np.float64)
+
+    # -- learning ---------------------------------------------------------------------
+
+    def update(self, duration_s: float) -> None:
+        """Learn one duration in seconds (finite, >= 0)."""
+        x = check_duration("duration_s", duration_s)
+        log_x = math.log(max(x, LOG_FLOOR_S))
+        if self._n == self.window:
+            self._replace_oldest(x)
+        else:
+            self._insert(x)
+        self._seen += 1
+        self._summary.update(log_x)
+        self._adwin.update(log_x)
+        if self._adwin.drift_detected:
+            self._drift_epoch += 1
+            if self.forget_on_drift:
+                self._keep_newest(int(self._adwin.width))
+
+    def _insert(self, x: float) -> None:
+        n, buf = self._n, self._sorted
+        i = int(buf[:n].searchsorted(x, "right"))
+        buf[i + 1 : n + 1] = buf[i:n]
+        buf[i] = x
+        self._ring[(self._head + n) % self.window] = x
+        self._n = n + 1
+
+    def _replace_oldest(self, x: float) -> None:
+        # One memmove over the span between the leaving and the arriving value.
+        buf = self._sorted
+        j = int(buf.searchsorted(self._ring[self._head], "left"))
+        p = int(buf.searchsorted(x, "right"))
+        if p > j:
+            buf[j : p - 1] = buf[j + 1 : p]
+            buf[p - 1] = x
+        else:
+            buf[p + 1 : j + 1] = buf[p:j]
+            buf[p] = x
+        self._ring[self._head] = x
+        self._head = (self._head + 1) % self.window
+
+    def _keep_newest(self, keep: int) -> None:
+        keep = max(0, min(keep, self._n))
+        newest = self._arrival_order()[self._n - keep :]
+        self._ring[:keep] = newest
+        self._head = 0
+        self._n = keep
+        self._sorted[:keep] = np.sort(newest)
+        self._summary = sketch.Histogram(max_bins=self.summary_bins)
+        for value in newest:
+            self._summary.update(math.log(max(float(value), LOG_FLOOR_S)))
+
+    def _arrival_order(self) -> FloatArray:
+        idx = (self._head + np.arange(self._n)) % self.window
+        ordered: FloatArray = self._ring[idx]
+        return ordered
+
+    # -- asking -----------------------------------------------------------------------
+
+    @property
+    def n_samples(self) -> int:
+        """Samples in the exact window (what the CDF is computed over)."""
+        return self._n
+
+    @property
+    def n_seen(self) -> int:
+        """Samples learned since creation, including forgotten ones."""
+        return self._seen
+
+    @property
+    def drift_epoch(self) -> int:
+        """How many distribution changes ADWIN has detected."""
+        return self._drift_epoch
+
+    def sorted_samples(self) -> FloatArray:
+        """The window's samples in ascending order (a read-only view)."""
+        view = self._sorted[: self._n]
+        view.flags.writeable = False
+        return view
+
+    def recent_samples(self) -> FloatArray:
+        """The window's samples in arrival order, oldest first (a copy)."""
+        return self._arrival_order()
+
+    def cdf(self, duration_s: float) -> float:
+        """Share of window samples ≤ ``duration_s``; 0.0 before any update."""
+        if self._n == 0:
+            return 0.0
+        count = int(np.searchsorted(self._sorted[: self._n], duration_s, side="right"))
+        return count / self._n
+
+    def quantile(self, q: float) -> float:
+        """Empirical quantile (inverse CDF: smallest sample with F ≥ q); 0.0 when empty."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be in [0, 1], got {q!r}")
+        if self._n == 0:
+            return 0.0
+        index = max(0, math.ceil(q * self._n) - 1)
+        return float(self._sorted[index])
+
+    def mean(self) -> float:
+        """Mean of the window; 0.0 when empty."""
+        return float(self._sorted[: self._n].mean()) if self._n else 0.0
+
+    def summary_cdf(self, duration_s: float) -> float:
+        """CDF of the streaming summary (all samples since the last forgetting)."""
+        if self._summary.n == 0:
+            return 0.0
+        return float(self._summary.cdf(math.log(max(duration_s, LOG_FLOOR_S))))
+
+    def summary_bins_s(self) -> list[tuple[float, float, int]]:
+        """The summary's bins as ``(left_s, right_s, count)`` in seconds."""
+        return [(math.exp(b.left), math.exp(b.right), int(b.count)) for b in self._summary]
+
+    def best_ttl(self, benefit_s: float, cap_s: float | None = None) -> tuple[float, float]:
+        """``(τ*, F(τ*))`` over the window: the exact optimiser of ``estimator.ttl``."""
+        n = self._n
+        if self._ranks.shape[0] != n:
+            self._ranks = np.arange(1, n + 1, dtype=np.float64) / n
+        return best_ttl_sorted(self._sorted[:n], benefit_s, cap_s, self._ranks)
+
+    # -- generic parts ----------------------------------------------------------------
+
+    def _get_params(self) -> dict[str, Any]:
+        return {
+            "window": self.window,
+            "forget_on_drift": self.forget_on_drift,
+            "drift_delta": self.drift_delta,
+            "summary_bins": self.summary_bins,
+        }
+
+    def clone(self) -> DurationModel:
+        """A fresh, unfitted model with the same parameters."""
+        return DurationModel(**self._get_params())
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self._get_params().items())
+        return f"DurationModel({params}) n_samples={self._n} drift_epoch={self._drift_epoch}"

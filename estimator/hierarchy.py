@@ -1,0 +1,155 @@
+"""Duration models at every level of the back-off hierarchy.
+
+Each event updates, for its tenant: the invocation ``(tool, signature)``, the tool, and
+the tenant's pool of all tools; when the tenant shares, also the cross-tenant model of the
+tool. A lookup walks a list of levels and uses the first whose model holds more than
+``min_samples`` samples (K = 100 in the paper).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from estimator._checks import check_duration
+from estimator.durations import DurationModel
+from estimator.signatures import SignatureRegistry
+
+__all__ = ["DurationHierarchy", "Level", "Lookup"]
+
+
+class Level(StrEnum):
+    """A level of the back-off hierarchy; its value is the ``basis`` users see."""
+
+    INVOCATION = "invocation"  # (tenant, tool, argument signature)
+    TOOL = "tool"  # (tenant, tool)
+    TENANT = "all-tools"  # (tenant, every tool)
+    SHARED = "shared"  # (tool) over every sharing tenant
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """The model chosen for a request, and the level it came from (None: none qualified)."""
+
+    model: DurationModel | None
+    level: Level | None
+    total_samples: int  # samples the tenant has over all tools
+
+
+_Key = tuple[str, str, str]  # (level-scope, tool, signature)
+
+
+class DurationHierarchy:
+    """All duration models of all tenants, keyed by level.
+
+    >>> h = DurationHierarchy(min_samples=2)
+    >>> for d in [1.0, 2.0, 3.0]:
+    ...     h.update("bash", "pytest -x", d, tenant="acme")
+    >>> h.lookup("bash", "pytest tests", tenant="acme").level
+    <Level.INVOCATION: 'invocation'>
+    >>> h.lookup("bash", "ls", tenant="acme").level
+    <Level.TOOL: 'tool'>
+    >>> h.lookup("bash", "ls", tenant="other").level is None
+    True
+    """
+
+    def __init__(
+        self,
+        min_samples: int = 100,
+        window: int = 2000,
+        forget_on_drift: bool = True,
+        signatures: SignatureRegistry | None = None,
+    ) -> None:
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 0:
+            raise ValueError(f"min_samples must be an integer >= 0, got {min_samples!r}")
+        self.min_samples = min_samples
+        self.window = window
+        self.forget_on_drift = forget_on_drift
+        self.signatures = signatures if signatures is not None else SignatureRegistry()
+        self._prototype = DurationModel(window=window, forget_on_drift=forget_on_drift)
+        self._models: dict[_Key, DurationModel] = {}
+        self._tenant_totals: dict[str, int] = {}
+
+    def _model(self, key: _Key) -> DurationModel:
+        model = self._models.get(key)
+        if model is None:
+            model = self._models[key] = self._prototype.clone()
+        return model
+
+    def update(
+        self,
+        tool: str,
+        args: str | None,
+        duration_s: float,
+        tenant: str = "default",
+        share: bool = False,
+    ) -> None:
+        """Learn one tool call of ``tenant``; ``share`` also feeds the cross-tenant model."""
+        if not tool:
+            raise ValueError("tool must be a non-empty string")
+        duration_s = check_duration("duration_s", duration_s)  # nothing half-updated
+        signature = self.signatures.signature(tool, args)
+        self._model((f"t:{tenant}", "", "")).update(duration_s)
+        self._model((f"t:{tenant}", tool, "")).update(duration_s)
+        if signature:
+            self._model((f"t:{tenant}", tool, signature)).update(duration_s)
+        if share:
+            self._model(("shared", tool, "")).update(duration_s)
+        self._tenant_totals[tenant] = self._tenant_totals.get(tenant, 0) + 1
+
+    def model(
+        self, level: Level, tool: str = "", args: str | None = None, tenant: str = "default"
+    ) -> DurationModel | None:
+        """The model of one level for this call, or None if it has no samples yet."""
+        if level is Level.SHARED:
+            key: _Key = ("shared", tool, "")
+        elif level is Level.TENANT:
+            key = (f"t:{tenant}", "", "")
+        elif level is Level.TOOL:
+            key = (f"t:{tenant}", tool, "")
+        else:
+            signature = self.signatures.signature(tool, args)
+            if not signature:
+                return None
+            key = (f"t:{tenant}", tool, signature)
+        return self._models.get(key)
+
+    def lookup(
+        self,
+        tool: str,
+        args: str | None = None,
+        tenant: str = "default",
+        levels: Sequence[Level] = (Level.INVOCATION, Level.TOOL, Level.TENANT, Level.SHARED),
+    ) -> Lookup:
+        """The first level in ``levels`` whose model holds more than ``min_samples``."""
+        for level in levels:
+            model = self.model(level, tool, args, tenant)
+            if model is not None and model.n_samples > self.min_samples:
+                return Lookup(model, level, self.tenant_samples(tenant))
+        return Lookup(None, None, self.tenant_samples(tenant))
+
+    def tenant_samples(self, tenant: str) -> int:
+        """Tool calls learned for ``tenant`` over all tools (forgotten ones included)."""
+        return self._tenant_totals.get(tenant, 0)
+
+    def tools(self, tenant: str = "default") -> list[str]:
+        """Tool names ``tenant`` has called, sorted."""
+        scope = f"t:{tenant}"
+        return sorted({k[1] for k in self._models if k[0] == scope and k[1] and not k[2]})
+
+    def signatures_of(self, tool: str, tenant: str = "default") -> list[str]:
+        """Argument signatures seen for ``tool`` of ``tenant``, sorted."""
+        scope = f"t:{tenant}"
+        return sorted(k[2] for k in self._models if k[0] == scope and k[1] == tool and k[2])
+
+    def tenants(self) -> list[str]:
+        """Tenants with at least one learned call, sorted."""
+        return sorted(self._tenant_totals)
+
+    def items(self) -> Iterable[tuple[_Key, DurationModel]]:
+        """Every ``(key, model)`` pair, for snapshots."""
+        return self._models.items()
+
+    def __len__(self) -> int:
+        return len(self._models)

@@ -1,0 +1,262 @@
+"""TTL policies: how long to keep a finished request's KV cache pinned.
+
+A policy is a small object with one method, ``decide(facts, models) -> Decision``, and is
+chosen by name from one registry (``get_policy``). The same objects run in the engine
+hook, the simulator and the control plane.
+
+Every policy maximises (or approximates) the paper's objective
+``F(τ)·B − τ`` with ``B = T·η + PrefillReload(r)`` (DESIGN.md §3); they differ in which
+duration distribution F they trust and which safeguards they add.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from estimator._checks import check_count, check_non_negative
+from estimator.hierarchy import Level
+from estimator.models import Models
+from estimator.ttl import exponential_ttl
+
+__all__ = [
+    "POLICIES",
+    "CachettlPolicy",
+    "ContinuumPolicy",
+    "Decision",
+    "FixedTtlPolicy",
+    "NoPinPolicy",
+    "RequestFacts",
+    "TtlPolicy",
+    "get_policy",
+    "register_policy",
+]
+
+#: ``basis`` of a decision taken by the exponential cold-start rule.
+COLD_START = "cold-start"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What is known about a finished request that called a tool.
+
+    ``reload_cost_s`` and ``queue_delay_s`` override PrefillReload(r) and T when given.
+    ``offload``: the KV also sits in a CPU tier, so rebuilding it is a reload.
+    ``share``: the tenant opted into cross-tenant statistics (may use shared priors).
+    """
+
+    tool: str
+    tool_args: str | None = None
+    context_tokens: int = 0
+    tenant: str = "default"
+    program_id: str | None = None
+    turns_served: int = 0
+    reload_cost_s: float | None = None
+    queue_delay_s: float | None = None
+    offload: bool = False
+    share: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tool, str) or not self.tool:
+            raise ValueError(f"tool must be a non-empty string, got {self.tool!r}")
+        check_count("context_tokens", self.context_tokens)
+        check_count("turns_served", self.turns_served)
+        if self.reload_cost_s is not None:
+            check_non_negative("reload_cost_s", self.reload_cost_s)
+        if self.queue_delay_s is not None:
+            check_non_negative("queue_delay_s", self.queue_delay_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A TTL decision.
+
+    ``return_probability`` is F(τ), the chance the program is back within τ;
+    ``benefit_s`` is B, the latency a hit saves; ``expected_benefit_s`` the net
+    expectation F(τ)·B − τ (0 when not pinning); ``basis`` the model level or rule used.
+    """
+
+    ttl_s: float
+    return_probability: float
+    expected_benefit_s: float
+    basis: str
+    benefit_s: float = 0.0
+
+
+class TtlPolicy(ABC):
+    """Base class: a named policy with a ``decide`` method and its preferred models."""
+
+    name: ClassVar[str]
+    #: Whether this policy's duration models drop old regimes on drift.
+    forgets_on_drift: ClassVar[bool] = True
+
+    def new_models(self, profile: str = "llama3.1-8b-h100", **kwargs: Any) -> Models:
+        """Fresh models configured the way this policy expects."""
+        kwargs.setdefault("forget_on_drift", self.forgets_on_drift)
+        return Models.for_profile(profile, **kwargs)
+
+    @abstractmethod
+    def decide(self, facts: RequestFacts, models: Models) -> Decision:
+        """Choose the TTL for one finished request."""
+
+    def benefit_s(self, facts: RequestFacts, models: Models) -> float:
+        """B = T·η + PrefillReload(r), with the request's overrides applied."""
+        stats = models.workload(facts.tenant)
+        queue = facts.queue_delay_s if facts.queue_delay_s is not None else stats.queue.get()
+        reload = facts.reload_cost_s
+        if reload is None:
+            reload = models.cost.prefill_reload_s(facts.context_tokens, offload=facts.offload)
+        return queue * stats.eta.get() + reload
+
+    def _params(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self._params().items())
+        return f"{type(self).__name__}({params})"
+
+
+POLICIES: dict[str, type[TtlPolicy]] = {}
+
+
+def register_policy(cls: type[TtlPolicy]) -> type[TtlPolicy]:
+    """Class decorator: make a policy available to ``get_policy`` under ``cls.name``."""
+    if cls.name in POLICIES:
+        raise ValueError(f"a TTL policy named {cls.name!r} is already registered")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def get_policy(name: str, **params: Any) -> TtlPolicy:
+    """Build the policy called ``name``; the error lists the valid names.
+
+    >>> get_policy("continuum")
+    ContinuumPolicy()
+    >>> get_policy("lru")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown TTL policy 'lru'; valid: cachettl, continuum, fixed, none
+    """
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        valid = ", ".join(sorted(POLICIES))
+        raise ValueError(f"unknown TTL policy {name!r}; valid: {valid}") from None
+    return cls(**params)
+
+
+def _cold_start(benefit: float, cap_s: float | None = None) -> Decision:
+    """The paper's rule: durations ~ Exp(mean 1 s), η = 1 ⇒ τ = ln(B/1 s) for B > 1 s."""
+    ttl = exponential_ttl(benefit)
+    if cap_s is not None:
+        ttl = min(ttl, cap_s)
+    probability = 1.0 - math.exp(-ttl)
+    return Decision(ttl, probability, max(0.0, probability * benefit - ttl), COLD_START, benefit)
+
+
+def _search(
+    facts: RequestFacts,
+    models: Models,
+    levels: Sequence[Level],
+    benefit: float,
+    cap_s: float | None,
+) -> Decision:
+    lookup = models.durations.lookup(facts.tool, facts.tool_args, facts.tenant, levels)
+    if lookup.model is None or lookup.level is None:
+        return _cold_start(benefit, cap_s)
+    ttl, probability = lookup.model.best_ttl(benefit, cap_s)
+    expected = probability * benefit - ttl if ttl > 0 else 0.0
+    return Decision(ttl, probability, expected, lookup.level.value, benefit)
+
+
+@register_policy
+class ContinuumPolicy(TtlPolicy):
+    """The paper's policy (DESIGN.md §3): the tool's CDF, else all tools', else Exp(1 s).
+
+    >>> models = get_policy("continuum").new_models(min_samples=3)
+    >>> for d in [0.1, 0.2, 0.3, 0.4, 30.0]:
+    ...     models.record_tool_call("grep", None, d)
+    >>> facts = RequestFacts("grep", reload_cost_s=1.0, queue_delay_s=0.0)
+    >>> get_policy("continuum").decide(facts, models)
+    Decision(ttl_s=0.4, return_probability=0.8, expected_benefit_s=0.4, basis='tool', benefit_s=1.0)
+    """
+
+    name = "continuum"
+    forgets_on_drift = False
+
+    def decide(self, facts: RequestFacts, models: Models) -> Decision:
+        benefit = self.benefit_s(facts, models)
+        return _search(facts, models, (Level.TOOL, Level.TENANT), benefit, None)
+
+
+@register_policy
+class CachettlPolicy(TtlPolicy):
+    """Ours (DESIGN.md §4): per-invocation keys with back-off, drift forgetting, shared
+    cross-tenant priors for cold start, and a hard TTL cap.
+
+    >>> models = get_policy("cachettl").new_models(min_samples=2)
+    >>> for d in [0.1, 0.1, 0.1]:
+    ...     models.record_tool_call("bash", "ls -la", d)
+    >>> for d in [20.0, 25.0, 30.0]:
+    ...     models.record_tool_call("bash", "pytest -x", d)
+    >>> policy = get_policy("cachettl", ttl_cap_s=60.0)
+    >>> policy.decide(RequestFacts("bash", "ls src", reload_cost_s=1.0), models).ttl_s
+    0.1
+    >>> policy.decide(RequestFacts("bash", "pytest", reload_cost_s=1.0), models).ttl_s
+    0.0
+    """
+
+    name = "cachettl"
+    forgets_on_drift = True
+
+    def __init__(self, ttl_cap_s: float = 300.0) -> None:
+        self.ttl_cap_s = check_non_negative("ttl_cap_s", ttl_cap_s)
+
+    def decide(self, facts: RequestFacts, models: Models) -> Decision:
+        benefit = self.benefit_s(facts, models)
+        levels: tuple[Level, ...] = (Level.INVOCATION, Level.TOOL, Level.TENANT)
+        if facts.share:
+            levels += (Level.SHARED,)
+        return _search(facts, models, levels, benefit, self.ttl_cap_s)
+
+
+@register_policy
+class FixedTtlPolicy(TtlPolicy):
+    """A static TTL for every tool call (the authors' preview code pins for 2 s).
+
+    With ``skip_slow_tools``, a tool whose running mean exceeds the TTL is not pinned,
+    as in that code.
+
+    >>> get_policy("fixed", ttl_s=2.0).decide(RequestFacts("ls"), Models.for_profile()).ttl_s
+    2.0
+    """
+
+    name = "fixed"
+
+    def __init__(self, ttl_s: float = 2.0, skip_slow_tools: bool = True) -> None:
+        self.ttl_s = check_non_negative("ttl_s", ttl_s)
+        self.skip_slow_tools = skip_slow_tools
+
+    def decide(self, facts: RequestFacts, models: Models) -> Decision:
+        model = models.durations.model(Level.TOOL, facts.tool, None, facts.tenant)
+        if self.skip_slow_tools and model is not None and model.mean() > self.ttl_s:
+            return Decision(0.0, 0.0, 0.0, "fixed", 0.0)
+        probability = model.cdf(self.ttl_s) if model is not None else 0.0
+        return Decision(self.ttl_s, probability, 0.0, "fixed", 0.0)
+
+
+@register_policy
+class NoPinPolicy(TtlPolicy):
+    """Never pin: the engines' end-of-turn release.
+
+    >>> get_policy("none").decide(RequestFacts("ls"), Models.for_profile()).ttl_s
+    0.0
+    """
+
+    name = "none"
+
+    def decide(self, facts: RequestFacts, models: Models) -> Decision:
+        return Decision(0.0, 0.0, 0.0, "none", 0.0)

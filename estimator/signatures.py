@@ -1,0 +1,110 @@
+"""Argument signatures: what distinguishes one invocation of a tool from another.
+
+``bash`` runs both ``ls`` and ``pytest``; keying durations by a signature of the
+arguments separates them. Extractors are pluggable: any callable ``(tool, args) -> str``
+registered under a tool name (or as the default) in a :class:`SignatureRegistry`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable, Mapping
+
+__all__ = [
+    "SignatureExtractor",
+    "SignatureRegistry",
+    "json_signature",
+    "shell_signature",
+]
+
+SignatureExtractor = Callable[[str, str], str]
+
+#: Longest signature kept; longer ones are cut (they would only fragment statistics).
+MAX_SIGNATURE_CHARS = 128
+
+_SHELL_SPLIT = re.compile(r"&&|\|\||;|\||\n")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def shell_signature(tool: str, args: str) -> str:
+    """First word of each sub-command of a shell command line, joined by ``+``.
+
+    Sub-commands are split on ``&&``, ``||``, ``;``, ``|`` and newlines; leading
+    environment assignments (``FOO=1 pytest``) and paths (``/usr/bin/python``) are
+    dropped so that equivalent invocations share a key.
+
+    >>> shell_signature("bash", "cd repo && pytest -x")
+    'cd+pytest'
+    >>> shell_signature("bash", "FOO=1 /usr/bin/python -m x | grep ok; ls")
+    'python+grep+ls'
+    >>> shell_signature("bash", "")
+    ''
+    """
+    words: list[str] = []
+    for part in _SHELL_SPLIT.split(args):
+        try:
+            tokens = shlex.split(part, posix=True)
+        except ValueError:  # unbalanced quotes: fall back to whitespace
+            tokens = part.split()
+        tokens = [t for t in tokens if not _ASSIGNMENT.match(t)]
+        if tokens:
+            words.append(tokens[0].rsplit("/", 1)[-1])
+    return "+".join(words)[:MAX_SIGNATURE_CHARS]
+
+
+def json_signature(tool: str, args: str) -> str:
+    """Tool name plus the sorted keys of a JSON-object argument string.
+
+    >>> json_signature("web_search", '{"query": "vllm", "max_results": 5}')
+    'web_search(max_results,query)'
+    >>> json_signature("web_search", "not json")
+    'web_search'
+    """
+    try:
+        parsed = json.loads(args)
+    except (json.JSONDecodeError, TypeError):
+        return tool[:MAX_SIGNATURE_CHARS]
+    if not isinstance(parsed, Mapping):
+        return tool[:MAX_SIGNATURE_CHARS]
+    return f"{tool}({','.join(sorted(str(k) for k in parsed))})"[:MAX_SIGNATURE_CHARS]
+
+
+#: Tools whose argument string is a shell command line.
+SHELL_TOOLS = ("bash", "sh", "shell", "terminal", "run_command", "execute_bash")
+
+
+class SignatureRegistry:
+    """Maps tool names to signature extractors, with a default for the rest.
+
+    >>> registry = SignatureRegistry()
+    >>> registry.signature("bash", "git diff | head")
+    'git+head'
+    >>> registry.signature("search", '{"q": 1}')
+    'search(q)'
+    >>> registry.register("search", lambda tool, args: "fixed")
+    >>> registry.signature("search", '{"q": 1}')
+    'fixed'
+    """
+
+    def __init__(
+        self,
+        extractors: Mapping[str, SignatureExtractor] | None = None,
+        default: SignatureExtractor = json_signature,
+    ) -> None:
+        self._extractors: dict[str, SignatureExtractor] = dict.fromkeys(
+            SHELL_TOOLS, shell_signature
+        )
+        self._extractors.update(extractors or {})
+        self._default = default
+
+    def register(self, tool: str, extractor: SignatureExtractor) -> None:
+        """Use ``extractor`` for ``tool`` from now on."""
+        self._extractors[tool] = extractor
+
+    def signature(self, tool: str, args: str | None) -> str:
+        """The signature of one call; ``""`` when there are no arguments."""
+        if not args:
+            return ""
+        return self._extractors.get(tool, self._default)(tool, args)

@@ -1,0 +1,101 @@
+"""The exact TTL optimiser: τ* = argmax over {0} ∪ samples of F(τ)·B − τ.
+
+F is the empirical CDF of past tool durations (F(τ) = share of samples ≤ τ) and B the
+benefit of a pin that is hit, in seconds (DESIGN.md §3). Between two sample points F is
+flat while −τ falls, so the maximum lies at 0 or at a sample: searching those candidates
+is exact. On a sorted array the search is one vectorised pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from estimator._checks import check_finite, check_non_negative
+
+__all__ = ["best_ttl_sorted", "optimal_ttl"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def optimal_ttl(
+    samples: Iterable[float] | FloatArray, benefit_s: float, cap_s: float | None = None
+) -> float:
+    """Return the TTL in {0} ∪ samples that maximises ``F(τ)·benefit_s − τ``.
+
+    Ties go to the smaller τ; no τ above ``cap_s`` is chosen; empty samples give 0.0.
+    O(n log n) for the sort, then one linear pass.
+
+    >>> optimal_ttl([0.1, 0.2, 0.3, 5.0, 60.0], benefit_s=2.0)
+    0.3
+    >>> optimal_ttl([0.1, 0.2, 0.3, 5.0, 60.0], benefit_s=2.0, cap_s=0.25)
+    0.2
+    >>> optimal_ttl([], benefit_s=2.0)
+    0.0
+    """
+    check_finite("benefit_s", benefit_s)
+    if cap_s is not None:
+        check_non_negative("cap_s", cap_s)
+    values = np.asarray(samples, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"samples must be one-dimensional, got shape {values.shape}")
+    if values.size and not (np.isfinite(values).all() and (values >= 0).all()):
+        bad = values[~(np.isfinite(values) & (values >= 0))][0]
+        raise ValueError(f"samples must be finite and >= 0, got {bad!r}")
+    ttl, _ = best_ttl_sorted(np.sort(values), benefit_s, cap_s)
+    return ttl
+
+
+def best_ttl_sorted(
+    sorted_samples: FloatArray,
+    benefit_s: float,
+    cap_s: float | None = None,
+    ranks: FloatArray | None = None,
+) -> tuple[float, float]:
+    """Search a sorted sample array; return ``(τ*, F(τ*))``. No input checks (hot path).
+
+    ``ranks`` may pass a cached ``arange(1, n + 1) / n`` for the array's length.
+
+    >>> best_ttl_sorted(np.array([1.0, 1.0, 2.0, 9.0]), benefit_s=6.0)
+    (2.0, 0.75)
+    """
+    n = sorted_samples.shape[0]
+    if n == 0:
+        return 0.0, 0.0
+    if ranks is None:
+        ranks = np.arange(1, n + 1, dtype=np.float64) / n
+    limit = n
+    if cap_s is not None and cap_s < sorted_samples[-1]:
+        limit = int(np.searchsorted(sorted_samples, cap_s, side="right"))
+    # F at a value is the rank of its *last* occurrence; earlier copies score lower, so
+    # the maximum over positions equals the maximum over distinct values, and argmax's
+    # first-hit rule gives the smaller τ on ties between distinct values.
+    zeros = int(np.searchsorted(sorted_samples, 0.0, side="right"))
+    f_zero = zeros / n
+    best_value = f_zero * benefit_s
+    if limit == 0:
+        return 0.0, f_zero
+    scores = ranks[:limit] * benefit_s - sorted_samples[:limit]
+    i = int(np.argmax(scores))
+    if scores[i] > best_value and sorted_samples[i] > 0.0:
+        return float(sorted_samples[i]), float(ranks[i])
+    return 0.0, f_zero
+
+
+def exponential_ttl(benefit_s: float, mean_s: float = 1.0) -> float:
+    """Cold-start TTL for durations ~ Exp(mean): ``mean·ln(B/mean)`` if B > mean, else 0.
+
+    Maximises ``(1 − e^{−τ/μ})·B − τ``: the derivative ``(B/μ)e^{−τ/μ} − 1`` vanishes at
+    τ = μ·ln(B/μ) (DESIGN.md §3, notes/paper.md §2.6).
+
+    >>> round(exponential_ttl(math.e), 6)
+    1.0
+    >>> exponential_ttl(0.5)
+    0.0
+    """
+    if benefit_s <= mean_s:
+        return 0.0
+    return mean_s * math.log(benefit_s / mean_s)
