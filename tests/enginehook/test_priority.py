@@ -1,0 +1,86 @@
+"""Waiting-queue priority key and the lazily sorted queue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from enginehook.priority import ProgramArrivals, SortedWaitQueue, priority_key
+
+
+@dataclass
+class Req:
+    rid: str
+    program: str | None
+    arrival: float
+    preempted: bool = False
+
+
+def test_key_orders_preempted_then_pinned_then_program_then_request_arrival():
+    arrivals = ProgramArrivals()
+    arrivals.observe("old", 100.0)
+    pinned = {"y"}
+    reqs = [
+        Req("x", "x", 101.0),
+        Req("w", None, 102.0),
+        Req("y-2", "y", 105.0),
+        Req("old-2", "old", 106.0),
+        Req("r2", "r", 107.0, preempted=True),
+    ]
+
+    def key(r: Req):
+        first = arrivals.first(r.program, r.arrival)
+        return priority_key(r.preempted, r.program in pinned, first, r.arrival, r.rid)
+
+    assert [r.rid for r in sorted(reqs, key=key)] == ["r2", "y-2", "old-2", "x", "w"]
+
+
+def test_ties_break_on_arrival_then_id():
+    assert priority_key(False, False, 1.0, 2.0, "a") < priority_key(False, False, 1.0, 2.0, "b")
+    assert priority_key(False, False, 1.0, 2.0, "z") < priority_key(False, False, 1.0, 3.0, "a")
+
+
+def test_program_arrivals_keep_the_first_and_forget():
+    arrivals = ProgramArrivals()
+    assert arrivals.observe("p", 5.0) == 5.0
+    assert arrivals.observe("p", 9.0) == 5.0
+    assert arrivals.observe(None, 7.0) == 7.0
+    arrivals.forget("p")
+    assert arrivals.first("p", 11.0) == 11.0
+    assert len(arrivals) == 0
+
+
+def test_queue_resorts_when_keys_change_and_pop_returns_the_peeked_item():
+    pinned: set[str] = set()
+    q: SortedWaitQueue[Req] = SortedWaitQueue(
+        key=lambda r: priority_key(False, r.program in pinned, r.arrival, r.arrival, r.rid)
+    )
+    a, b = Req("a", "A", 1.0), Req("b", "B", 2.0)
+    q.add(a)
+    q.add(b)
+    assert q.peek() is a
+    pinned.add("B")
+    q.mark_dirty()
+    # a key changed between peek and pop: pop still returns what was peeked
+    assert q.pop() is a
+    q.add(a)
+    assert q.peek() is b
+
+
+def test_prepend_goes_first_until_next_sort_and_remove():
+    q: SortedWaitQueue[int] = SortedWaitQueue(key=lambda x: x)
+    for x in (1, 2, 3):
+        q.add(x)
+    q.prepend(9)
+    assert list(q) == [9, 1, 2, 3]
+    q.remove(2)
+    q.remove_many([9, 42])
+    assert list(q) == [1, 3]
+    assert list(reversed(q)) == [3, 1]
+    with pytest.raises(ValueError, match="not in queue"):
+        q.remove(7)
+    q.pop()
+    q.pop()
+    with pytest.raises(IndexError):
+        q.peek()

@@ -1,0 +1,126 @@
+"""Tool-call tracker, tool-call detection and client hints."""
+
+from __future__ import annotations
+
+import pytest
+
+from enginehook.detect import detect_tool_call
+from enginehook.hints import Hints
+from enginehook.pins import ReleaseReason
+from enginehook.pressure import PressureRule, may_release
+from enginehook.tracker import ToolCallTracker
+
+
+def test_duration_is_next_arrival_minus_finish_and_hit_is_not_a_queue_sample():
+    t = ToolCallTracker("e")
+    assert t.finished("p", 1.0, tool="bash", tool_args="ls", ttl_s=2.0, pinned=True) == 0
+    assert not t.returning("p")
+    t.arrived("p", 1.75)
+    t.arrived("p", 9.0)  # a second request of the program does not move the arrival
+    assert t.returning("p")
+    ev = t.admitted("p", 2.0, pin_held=True)
+    assert ev is not None
+    assert (ev.duration_s, ev.outcome, ev.admission_delay_s) == (0.75, "hit", 0.25)
+    assert not ev.queue_delay_sample
+    assert t.admitted("p", 3.0, pin_held=False) is None
+
+
+def test_expired_pin_gives_a_queue_delay_sample():
+    t = ToolCallTracker("e")
+    t.finished("p", 0.0, tool="bash", ttl_s=1.0, pinned=True)
+    t.pin_released("p", ReleaseReason.TTL)
+    t.arrived("p", 3.0)
+    ev = t.admitted("p", 3.5, pin_held=False)
+    assert ev is not None
+    assert ev.outcome == "expired"
+    assert ev.queue_delay_sample
+    assert ev.admission_delay_s == 0.5
+
+
+@pytest.mark.parametrize(
+    ("pinned", "reason", "outcome"),
+    [
+        (False, None, "not_pinned"),
+        (True, ReleaseReason.PRESSURE, "pressure"),
+        (True, ReleaseReason.BUDGET, "pressure"),
+    ],
+)
+def test_outcomes(pinned, reason, outcome):
+    t = ToolCallTracker("e")
+    t.finished("p", 0.0, tool="x", pinned=pinned)
+    if reason is not None:
+        t.pin_released("p", reason)
+    t.arrived("p", 1.0)
+    ev = t.admitted("p", 1.0, pin_held=False)
+    assert ev is not None
+    assert ev.outcome == outcome
+
+
+def test_event_ids_unique_per_turn_and_program_end_counts_turns():
+    t = ToolCallTracker("eng")
+    ids = []
+    for k in range(3):
+        t.finished("p", float(k), tool="bash")
+        t.arrived("p", k + 0.5)
+        ev = t.admitted("p", k + 0.5, pin_held=False)
+        assert ev is not None
+        ids.append(ev.event_id)
+    t.finished("p", 4.0, tool=None)
+    end = t.program_end("p", 4.0)
+    assert end is not None
+    assert end.total_turns == 4
+    assert end.event_id == "eng:p:end"
+    assert ids == ["eng:p:0", "eng:p:1", "eng:p:2"]
+    assert t.program_end("p", 5.0) is None
+
+
+def test_forget_idle_bounds_memory():
+    t = ToolCallTracker("e")
+    t.finished("gone", 0.0, tool="bash")
+    t.finished("back", 0.0, tool="bash")
+    t.arrived("back", 50.0)
+    assert t.forget_idle(100.0, idle_s=60.0) == ["gone"]
+    assert t.turns_served("gone") == 0
+    assert t.returning("back")
+
+
+def test_detection_sources():
+    assert detect_tool_call(None) is None
+    assert detect_tool_call("plain answer") is None
+    parsed = detect_tool_call("...", parsed=[("search", '{"q": 1}')])
+    assert parsed is not None
+    assert (parsed.name, parsed.source) == ("search", "parser")
+    tag = detect_tool_call('<tool_call>{"name": "read", "arguments": {"path": "a"}}</tool_call>')
+    assert tag is not None
+    assert (tag.name, tag.arguments) == ("read", '{"path": "a"}')
+    bash = detect_tool_call("THOUGHT\n```bash\ncd repo && pytest -x\n```\n")
+    assert bash is not None
+    assert bash.arguments == "cd repo && pytest -x"
+    submit = "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
+    assert detect_tool_call(submit) is None
+    hinted = detect_tool_call("```bash\nls\n```", hint="bash")
+    assert hinted is not None
+    assert (hinted.source, hinted.arguments) == ("hint", "ls")
+    assert detect_tool_call("x", hint="bash", last_turn=True) is None
+    assert detect_tool_call("<tool_call>not json</tool_call>") is None
+
+
+def test_hints_parse_vllm_booleans_and_reject_bad_values():
+    h = Hints.from_extra_args({"last_turn": 0, "pin": "false", "tool": "bash", "other": [1]})
+    assert (h.last_turn, h.pin, h.tool) == (False, False, "bash")
+    assert Hints.from_extra_args(None) == Hints()
+    with pytest.raises(ValueError, match="last_turn"):
+        Hints.from_extra_args({"last_turn": 2})
+    with pytest.raises(ValueError, match="tool"):
+        Hints.from_extra_args({"tool": 5})
+    with pytest.raises(ValueError, match="pin_ttl_s"):
+        Hints.from_extra_args({"pin_ttl_s": "soon"})
+
+
+def test_pressure_rule():
+    assert PressureRule.parse("running") is PressureRule.RUNNING
+    with pytest.raises(ValueError, match="running"):
+        PressureRule.parse("soft")
+    assert may_release(PressureRule.RUNNING, for_running=True, nothing_running=False)
+    assert not may_release(PressureRule.NEVER, for_running=True, nothing_running=True)
+    assert may_release(PressureRule.ALWAYS, for_running=False, nothing_running=False)
