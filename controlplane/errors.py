@@ -1,0 +1,40 @@
+"""The control plane's exceptions (storage drivers' errors are turned into these)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ControlPlaneError",
+    "InvalidInputError",
+    "SchemaOutOfDateError",
+    "StorageError",
+    "TenantExistsError",
+    "TenantNotFoundError",
+]
+
+
+class ControlPlaneError(Exception):
+    """Base class of the control plane's errors."""
+
+
+class StorageError(ControlPlaneError):
+    """The database failed (connection lost, disk full, lock timeout, ...)."""
+
+
+class SchemaOutOfDateError(StorageError):
+    """The database schema is older (or newer) than this version of the code expects."""
+
+
+class TenantExistsError(ControlPlaneError):
+    """A tenant of that name already exists."""
+
+
+class TenantNotFoundError(ControlPlaneError):
+    """No tenant of that name."""
+
+
+class InvalidInputError(ControlPlaneError, ValueError):
+    """A request field is out of bounds; the message names the field and the limit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field

@@ -1,0 +1,91 @@
+"""The current database schema as SQLAlchemy Core tables (what the code reads and writes).
+
+Migrations under ``migrations/versions`` never import this module: each revision spells
+out its own DDL, frozen. Every index leads with the tenant, except the snapshot table's,
+which holds cluster-wide state keyed by policy.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+__all__ = ["HEAD_REVISION", "metadata", "program_ends", "snapshots", "tenants", "tool_events"]
+
+#: The Alembic revision this code expects.
+HEAD_REVISION = "0002"
+
+#: BIGINT on PostgreSQL; INTEGER (an alias of the rowid, so autoincrementing) on SQLite.
+_SEQ = BigInteger().with_variant(Integer(), "sqlite")
+
+metadata = MetaData()
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("share", Boolean, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float, nullable=True),
+)
+
+tool_events = Table(
+    "tool_events",
+    metadata,
+    Column("seq", _SEQ, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("event_id", String(128), nullable=False),
+    Column("program_id", String(256), nullable=False),
+    Column("tool_name", String(128), nullable=False),
+    Column("tool_args", Text, nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("finished_at", Float, nullable=True),
+    Column("turn_index", Integer, nullable=False),
+    Column("shared", Boolean, nullable=False),
+    Column("received_at", Float, nullable=False),
+    Column("chosen_ttl_s", Float, nullable=True),
+    Column("pin_outcome", SmallInteger, nullable=False, server_default="0"),
+    Column("admission_delay_s", Float, nullable=True),
+    UniqueConstraint("tenant_id", "event_id", name="uq_tool_events_tenant_event"),
+    Index("ix_tool_events_tenant_tool", "tenant_id", "tool_name", "seq"),
+)
+
+program_ends = Table(
+    "program_ends",
+    metadata,
+    Column("seq", _SEQ, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("program_id", String(256), nullable=False),
+    Column("total_turns", Integer, nullable=False),
+    Column("finished_at", Float, nullable=True),
+    Column("received_at", Float, nullable=False),
+    UniqueConstraint("tenant_id", "program_id", name="uq_program_ends_tenant_program"),
+)
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("id", _SEQ, primary_key=True, autoincrement=True),
+    Column("policy", String(32), nullable=False),
+    Column("tool_seq", BigInteger, nullable=False),
+    Column("end_seq", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Index("ix_snapshots_policy", "policy", "id"),
+)

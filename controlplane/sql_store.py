@@ -1,0 +1,313 @@
+"""``Store`` on SQLAlchemy 2: SQLite (embedded, WAL) or PostgreSQL (psycopg 3).
+
+Writers commit in ``seq`` order: on SQLite every write transaction starts with
+``BEGIN IMMEDIATE`` (one writer at a time); on PostgreSQL it takes a transaction-level
+advisory lock before drawing positions, so a position is never committed after a higher
+one and tailing readers never miss a row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from controlplane.errors import StorageError, TenantExistsError, TenantNotFoundError
+from controlplane.migrate import check_schema
+from controlplane.records import (
+    AppendResult,
+    PinOutcome,
+    ProgramEnd,
+    SnapshotRecord,
+    StoredProgramEnd,
+    StoredToolCall,
+    Tenant,
+    ToolCall,
+)
+from controlplane.schema import program_ends, snapshots, tenants, tool_events
+from controlplane.store import SNAPSHOTS_KEPT, Store
+
+__all__ = ["SqlStore", "make_engine", "transaction"]
+
+#: How long a writer waits for SQLite's write lock before failing.
+BUSY_TIMEOUT_S = 10.0
+#: Key of the PostgreSQL advisory lock that orders log writers.
+_LOG_LOCK = 0x0CAC4E77
+
+
+def normalize_url(url: str) -> str:
+    """Pick psycopg 3 for plain PostgreSQL URLs."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite files get WAL, a busy timeout and full sync."""
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=8)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        url, connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False}
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute("PRAGMA synchronous=FULL")  # durable before acknowledgement
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        write = connection.get_execution_options().get("cachettl_write", False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+@contextmanager
+def transaction(engine: Engine, write: bool = False) -> Iterator[Connection]:
+    """One transaction: commits on success, rolls back on error, always closes.
+
+    Driver errors come out as ``StorageError``; the body's own exceptions pass through.
+    On PostgreSQL a write transaction first takes the log's advisory lock.
+    """
+    try:
+        with engine.connect() as connection:
+            if write:
+                connection.execution_options(cachettl_write=True)
+            with connection.begin():
+                if write and engine.dialect.name == "postgresql":
+                    connection.execute(select(func.pg_advisory_xact_lock(_LOG_LOCK)))
+                yield connection
+    except SQLAlchemyError as error:
+        original = getattr(error, "orig", None)
+        raise StorageError(f"database error: {original or error}") from error
+
+
+def _tenant(row: Any) -> Tenant:
+    return Tenant(row.id, row.name, bool(row.share), row.created_at, row.revoked_at)
+
+
+def _call_row(tenant: Tenant, call: ToolCall, now: float) -> dict[str, Any]:
+    return {
+        "tenant_id": tenant.id,
+        "event_id": call.event_id,
+        "program_id": call.program_id,
+        "tool_name": call.tool_name,
+        "tool_args": call.tool_args,
+        "duration_s": call.duration_s,
+        "finished_at": call.finished_at,
+        "turn_index": call.turn_index,
+        "shared": tenant.share,
+        "received_at": now,
+        "chosen_ttl_s": call.chosen_ttl_s,
+        "pin_outcome": int(call.pin_outcome),
+        "admission_delay_s": call.admission_delay_s,
+    }
+
+
+def _stored_call(row: Any) -> StoredToolCall:
+    call = ToolCall(
+        row.event_id,
+        row.program_id,
+        row.tool_name,
+        row.tool_args,
+        row.duration_s,
+        row.finished_at,
+        row.turn_index,
+        row.chosen_ttl_s,
+        PinOutcome(row.pin_outcome),
+        row.admission_delay_s,
+    )
+    return StoredToolCall(row.seq, row.name, bool(row.shared), call)
+
+
+class SqlStore(Store):
+    """A ``Store`` in a SQL database (see the module docstring for the ordering rules)."""
+
+    def __init__(self, url: str, check_schema: bool = True) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        if check_schema:
+            _check(self.engine, url)
+
+    # -- tenants ----------------------------------------------------------------------
+
+    def create_tenant(self, name: str, share: bool, token_hash: str, now: float) -> Tenant:
+        with transaction(self.engine, write=True) as c:
+            if c.execute(select(tenants.c.id).where(tenants.c.name == name)).first():
+                raise TenantExistsError(f"tenant {name!r} already exists")
+            values = {"name": name, "token_hash": token_hash, "share": share, "created_at": now}
+            new_id = c.execute(insert(tenants).values(values).returning(tenants.c.id)).scalar()
+        return Tenant(int(new_id or 0), name, share, now)
+
+    def list_tenants(self) -> list[Tenant]:
+        with transaction(self.engine) as c:
+            rows = c.execute(select(tenants).order_by(tenants.c.name)).all()
+        return [_tenant(r) for r in rows]
+
+    def revoke_tenant(self, name: str, now: float) -> None:
+        with transaction(self.engine, write=True) as c:
+            found = c.execute(select(tenants.c.id).where(tenants.c.name == name)).first()
+            if found is None:
+                raise TenantNotFoundError(f"no tenant named {name!r}")
+            c.execute(
+                update(tenants)
+                .where(tenants.c.name == name, tenants.c.revoked_at.is_(None))
+                .values(revoked_at=now)
+            )
+
+    def tenant_by_token_hash(self, token_hash: str) -> Tenant | None:
+        query = select(tenants).where(
+            tenants.c.token_hash == token_hash, tenants.c.revoked_at.is_(None)
+        )
+        with transaction(self.engine) as c:
+            row = c.execute(query).first()
+        return _tenant(row) if row is not None else None
+
+    # -- the event log ----------------------------------------------------------------
+
+    def append_tool_calls(self, tenant: Tenant, calls: Sequence[ToolCall]) -> AppendResult:
+        if not calls:
+            return AppendResult((), 0)
+        ids = list({c.event_id for c in calls})
+        now = time.time()
+        with transaction(self.engine, write=True) as c:
+            query = select(tool_events.c.event_id).where(
+                tool_events.c.tenant_id == tenant.id, tool_events.c.event_id.in_(ids)
+            )
+            seen = set(c.execute(query).scalars())
+            rows = []
+            for call in calls:
+                if call.event_id not in seen:
+                    seen.add(call.event_id)
+                    rows.append(_call_row(tenant, call, now))
+            seqs: list[int] = []
+            if rows:
+                statement = insert(tool_events).returning(
+                    tool_events.c.seq, sort_by_parameter_order=True
+                )
+                seqs = [int(s) for s in c.execute(statement, rows).scalars()]
+        return AppendResult(tuple(seqs), len(calls) - len(seqs))
+
+    def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
+        with transaction(self.engine, write=True) as c:
+            query = select(program_ends.c.seq).where(
+                program_ends.c.tenant_id == tenant.id,
+                program_ends.c.program_id == end.program_id,
+            )
+            if c.execute(query).first() is not None:
+                return None
+            values = {
+                "tenant_id": tenant.id,
+                "program_id": end.program_id,
+                "total_turns": end.total_turns,
+                "finished_at": end.finished_at,
+                "received_at": time.time(),
+            }
+            seq = c.execute(insert(program_ends).values(values).returning(program_ends.c.seq))
+            return int(seq.scalar_one())
+
+    def read_tool_calls(
+        self, after_seq: int, limit: int, tenant: str | None = None
+    ) -> list[StoredToolCall]:
+        query = (
+            select(tool_events, tenants.c.name)
+            .join(tenants, tenants.c.id == tool_events.c.tenant_id)
+            .where(tool_events.c.seq > after_seq)
+            .order_by(tool_events.c.seq)
+            .limit(limit)
+        )
+        if tenant is not None:
+            query = query.where(tenants.c.name == tenant)
+        with transaction(self.engine) as c:
+            return [_stored_call(r) for r in c.execute(query)]
+
+    def read_program_ends(
+        self, after_seq: int, limit: int, tenant: str | None = None
+    ) -> list[StoredProgramEnd]:
+        query = (
+            select(program_ends, tenants.c.name)
+            .join(tenants, tenants.c.id == program_ends.c.tenant_id)
+            .where(program_ends.c.seq > after_seq)
+            .order_by(program_ends.c.seq)
+            .limit(limit)
+        )
+        if tenant is not None:
+            query = query.where(tenants.c.name == tenant)
+        with transaction(self.engine) as c:
+            return [
+                StoredProgramEnd(
+                    r.seq, r.name, ProgramEnd(r.program_id, r.total_turns, r.finished_at)
+                )
+                for r in c.execute(query)
+            ]
+
+    def count_tool_calls(self, tenant: str | None = None) -> int:
+        query = select(func.count()).select_from(tool_events)
+        if tenant is not None:
+            query = query.join(tenants, tenants.c.id == tool_events.c.tenant_id).where(
+                tenants.c.name == tenant
+            )
+        with transaction(self.engine) as c:
+            return int(c.execute(query).scalar_one())
+
+    # -- snapshots --------------------------------------------------------------------
+
+    def save_snapshot(self, snapshot: SnapshotRecord) -> None:
+        values = {
+            "policy": snapshot.policy,
+            "tool_seq": snapshot.tool_seq,
+            "end_seq": snapshot.end_seq,
+            "created_at": snapshot.created_at,
+            "payload": snapshot.payload,
+        }
+        with transaction(self.engine, write=True) as c:
+            c.execute(insert(snapshots).values(values))
+            old = (
+                select(snapshots.c.id)
+                .where(snapshots.c.policy == snapshot.policy)
+                .order_by(snapshots.c.id.desc())
+                .offset(SNAPSHOTS_KEPT)
+            )
+            stale = list(c.execute(old).scalars())
+            if stale:
+                c.execute(snapshots.delete().where(snapshots.c.id.in_(stale)))
+
+    def latest_snapshot(self, policy: str) -> SnapshotRecord | None:
+        query = (
+            select(snapshots)
+            .where(snapshots.c.policy == policy)
+            .order_by(snapshots.c.id.desc())
+            .limit(1)
+        )
+        with transaction(self.engine) as c:
+            row = c.execute(query).first()
+        if row is None:
+            return None
+        return SnapshotRecord(row.policy, row.tool_seq, row.end_seq, row.created_at, row.payload)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _check(engine: Engine, url: str) -> None:
+    try:
+        check_schema(engine, url)
+    except SQLAlchemyError as error:
+        raise StorageError(f"database error: {getattr(error, 'orig', None) or error}") from error
