@@ -15,12 +15,13 @@ import numpy as np
 from sklearn.linear_model import LinearRegression
 
 from estimator._checks import check_count, check_duration, check_positive
+from estimator.base import Estimator
 from estimator.profiles import HardwareProfile
 
 __all__ = ["CostModel"]
 
 
-class CostModel:
+class CostModel(Estimator):
     """Prefill and reload time of a context, learned from a profile and observed timings.
 
     Parameters

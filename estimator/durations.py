@@ -16,6 +16,7 @@ import numpy as np
 from river import drift, sketch
 
 from estimator._checks import check_count, check_duration, check_positive
+from estimator.base import Estimator
 from estimator.ttl import FloatArray, best_ttl_sorted
 
 __all__ = ["DurationModel"]
@@ -24,7 +25,7 @@ __all__ = ["DurationModel"]
 LOG_FLOOR_S = 1e-6
 
 
-class DurationModel:
+class DurationModel(Estimator):
     """Durations of one key (a tool, or a tool invocation), learned one sample at a time.
 
     Parameters
@@ -65,8 +66,8 @@ class DurationModel:
         self.forget_on_drift = forget_on_drift
         self.drift_delta = drift_delta
         self.summary_bins = summary_bins
-        self._sorted = np.empty(window, dtype=np.float64)
-        self._ring = np.empty(window, dtype=np.float64)  # arrival order, oldest at _head
+        self._sorted = np.zeros(window, dtype=np.float64)
+        self._ring = np.zeros(window, dtype=np.float64)  # arrival order, oldest at _head
         self._head = 0
         self._n = 0
         self._seen = 0
@@ -90,8 +91,10 @@ class DurationModel:
         self._adwin.update(log_x)
         if self._adwin.drift_detected:
             self._drift_epoch += 1
-            if self.forget_on_drift:
-                self._keep_newest(int(self._adwin.width))
+        # ADWIN's window only shrinks when it cuts off an older regime (at its first
+        # detection, and again as it trims buckets that straddled the change).
+        if self.forget_on_drift and self._adwin.width < self._n:
+            self._keep_newest(int(self._adwin.width))
 
     def _insert(self, x: float) -> None:
         n, buf = self._n, self._sorted
@@ -195,20 +198,22 @@ class DurationModel:
             self._ranks = np.arange(1, n + 1, dtype=np.float64) / n
         return best_ttl_sorted(self._sorted[:n], benefit_s, cap_s, self._ranks)
 
-    # -- generic parts ----------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # Only the live samples, in arrival order: compact and free of buffer garbage.
+        state = dict(self.__dict__)
+        state["_ring"] = self._arrival_order()
+        state["_head"] = 0
+        del state["_sorted"], state["_ranks"]
+        return state
 
-    def _get_params(self) -> dict[str, Any]:
-        return {
-            "window": self.window,
-            "forget_on_drift": self.forget_on_drift,
-            "drift_delta": self.drift_delta,
-            "summary_bins": self.summary_bins,
-        }
-
-    def clone(self) -> DurationModel:
-        """A fresh, unfitted model with the same parameters."""
-        return DurationModel(**self._get_params())
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        live = self._ring
+        self._ring = np.zeros(self.window, dtype=np.float64)
+        self._ring[: self._n] = live
+        self._sorted = np.zeros(self.window, dtype=np.float64)
+        self._sorted[: self._n] = np.sort(live)
+        self._ranks = np.empty(0, dtype=np.float64)
 
     def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v!r}" for k, v in self._get_params().items())
-        return f"DurationModel({params}) n_samples={self._n} drift_epoch={self._drift_epoch}"
+        return f"{super().__repr__()} n_samples={self._n} drift_epoch={self._drift_epoch}"

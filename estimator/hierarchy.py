@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from estimator._checks import check_duration
+from estimator.base import Estimator
 from estimator.durations import DurationModel
 from estimator.signatures import SignatureRegistry
 
@@ -40,7 +41,7 @@ class Lookup:
 _Key = tuple[str, str, str]  # (level-scope, tool, signature)
 
 
-class DurationHierarchy:
+class DurationHierarchy(Estimator):
     """All duration models of all tenants, keyed by level.
 
     >>> h = DurationHierarchy(min_samples=2)

@@ -70,6 +70,15 @@ class Models:
             queue_window=queue_window,
         )
 
+    def clone(self) -> Models:
+        """Fresh, unfitted models with the same parameters."""
+        return Models(
+            self.durations.clone(),
+            self.cost.clone(),
+            program_window=self.program_window,
+            queue_window=self.queue_window,
+        )
+
     def workload(self, tenant: str = "default") -> WorkloadStats:
         """The tenant's workload statistics (created empty on first use)."""
         stats = self._workloads.get(tenant)

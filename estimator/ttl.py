@@ -43,8 +43,8 @@ def optimal_ttl(
     if values.ndim != 1:
         raise ValueError(f"samples must be one-dimensional, got shape {values.shape}")
     if values.size and not (np.isfinite(values).all() and (values >= 0).all()):
-        bad = values[~(np.isfinite(values) & (values >= 0))][0]
-        raise ValueError(f"samples must be finite and >= 0, got {bad!r}")
+        index = int(np.flatnonzero(~(np.isfinite(values) & (values >= 0)))[0])
+        raise ValueError(f"samples[{index}] must be finite and >= 0, got {float(values[index])}")
     ttl, _ = best_ttl_sorted(np.sort(values), benefit_s, cap_s)
     return ttl
 

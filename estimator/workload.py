@@ -8,6 +8,7 @@ from collections import deque
 import numpy as np
 
 from estimator._checks import check_count, check_duration
+from estimator.base import Estimator
 
 __all__ = ["MemoryFactor", "QueueDelay", "RemainingTurns"]
 
@@ -26,7 +27,7 @@ def _pair_sums(n: int) -> tuple[int, int, int, int]:
     return s1, s2, n * s1 - s2, m
 
 
-class MemoryFactor:
+class MemoryFactor(Estimator):
     """η = −Corr(k, N−k) over the (k, N−k) pairs of the last ``window`` completed programs.
 
     A program of N turns contributes k = 1 … N−1. Fixed-length programs give 1, memoryless
@@ -81,7 +82,7 @@ class MemoryFactor:
         return len(self._programs)
 
 
-class RemainingTurns:
+class RemainingTurns(Estimator):
     """E[N − k | N > k]: a program's expected remaining turns after k, from recent programs.
 
     Falls back to ``prior_turns`` (the mean length guess) when no recent program ran
@@ -130,7 +131,7 @@ class RemainingTurns:
         return state
 
 
-class QueueDelay:
+class QueueDelay(Estimator):
     """T: sliding-window mean of the admission delay of returning, released requests.
 
     >>> t = QueueDelay(window=2)

@@ -1,0 +1,216 @@
+"""Back-off hierarchy, signatures, and the TTL policies' decisions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from estimator import (
+    POLICIES,
+    DurationHierarchy,
+    Level,
+    Models,
+    RequestFacts,
+    SignatureRegistry,
+    get_policy,
+    json_signature,
+    optimal_ttl,
+    shell_signature,
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ("cd repo && pytest -x", "cd+pytest"),
+        ("cat a.py | grep foo || echo none; ls", "cat+grep+echo+ls"),
+        ("  python -c 'print(1)' ", "python"),
+        ("echo 'a && b'", "echo+b'"),  # quotes do not protect operators from the split
+        ("PYTHONPATH=. python x.py", "python"),
+        ("/usr/bin/env bash -c true", "env"),
+        ("", ""),
+    ],
+)
+def test_shell_signature(args: str, expected: str) -> None:
+    assert shell_signature("bash", args) == expected
+
+
+def test_json_signature() -> None:
+    assert json_signature("fetch_url", '{"url": "x", "timeout": 3}') == "fetch_url(timeout,url)"
+    assert json_signature("fetch_url", "[1, 2]") == "fetch_url"
+
+
+def test_registry_is_pluggable() -> None:
+    registry = SignatureRegistry({"python": lambda tool, args: args.split()[0]})
+    assert registry.signature("python", "import os") == "import"
+    assert registry.signature("bash", "ls -la") == "ls"
+    assert registry.signature("bash", None) == ""
+
+
+def _fill(h: DurationHierarchy, tool: str, args: str | None, n: int, value: float, **kw: object):
+    for _ in range(n):
+        h.update(tool, args, value, **kw)  # type: ignore[arg-type]
+
+
+def test_backoff_walks_invocation_tool_tenant_shared() -> None:
+    h = DurationHierarchy(min_samples=100)
+    for i in range(151):  # a stationary mix: 2 pytest calls for every ls
+        args, value = ("ls", 0.1) if i % 3 == 2 else ("pytest -x", 9.0)
+        h.update("bash", args, value, tenant="a", share=True)
+    assert h.lookup("bash", "pytest tests", tenant="a").level is Level.INVOCATION
+    # `ls` has only 50 samples: back off to the tool (151 samples).
+    found = h.lookup("bash", "ls", tenant="a")
+    assert found.level is Level.TOOL
+    assert found.model is not None
+    assert found.model.n_samples == 151
+    # A new tool of the same tenant: all tools of the tenant.
+    assert h.lookup("grep", "x", tenant="a").level is Level.TENANT
+    # Another tenant with nothing: shared statistics of the tool, if asked for.
+    assert h.lookup("bash", "ls", tenant="b").level is Level.SHARED
+    assert h.lookup("bash", "ls", tenant="b", levels=(Level.TOOL, Level.TENANT)).level is None
+    # A level needs *more than* K samples.
+    h2 = DurationHierarchy(min_samples=100)
+    _fill(h2, "bash", "ls", 100, 0.1)
+    assert h2.lookup("bash", "ls").level is None
+
+
+def test_tenants_are_isolated_and_sharing_is_opt_in() -> None:
+    h = DurationHierarchy(min_samples=0)
+    _fill(h, "bash", "ls", 5, 0.1, tenant="private")
+    _fill(h, "bash", "ls", 5, 7.0, tenant="sharer", share=True)
+    shared = h.model(Level.SHARED, "bash")
+    assert shared is not None
+    assert shared.n_samples == 5
+    assert shared.quantile(0.5) == 7.0
+    assert h.tools("private") == ["bash"]
+    assert h.signatures_of("bash", "private") == ["ls"]
+    assert h.tenants() == ["private", "sharer"]
+
+
+def test_bad_event_leaves_every_level_untouched() -> None:
+    h = DurationHierarchy()
+    h.update("bash", "ls", 1.0, tenant="a", share=True)
+    with pytest.raises(ValueError, match="duration_s must be >= 0"):
+        h.update("bash", "ls", -1.0, tenant="a", share=True)
+    with pytest.raises(ValueError, match="tool must be a non-empty string"):
+        h.update("", "ls", 1.0, tenant="a")
+    assert h.tenant_samples("a") == 1
+    assert all(model.n_samples == 1 for _, model in h.items())
+
+
+def _models(policy: str, min_samples: int = 100) -> Models:
+    return get_policy(policy).new_models(min_samples=min_samples)
+
+
+def test_continuum_equals_optimal_ttl_over_the_tool_window() -> None:
+    rng = np.random.default_rng(0)
+    models = _models("continuum")
+    durations = rng.lognormal(-0.5, 1.2, size=400)
+    for x in durations:
+        models.record_tool_call("grep", "-r foo", float(x))
+    for x in rng.lognormal(2, 1, size=50):
+        models.record_tool_call("pytest", None, float(x))
+    policy = get_policy("continuum")
+    decision = policy.decide(RequestFacts("grep", reload_cost_s=1.5, queue_delay_s=3.0), models)
+    # η is 0 before any program ends: B = PrefillReload.
+    assert decision.basis == "tool"
+    assert decision.benefit_s == 1.5
+    assert decision.ttl_s == optimal_ttl(durations, 1.5)
+    # pytest has ≤ K samples: the CDF pooled over all tools.
+    pooled = np.concatenate([durations, []])
+    decision = policy.decide(RequestFacts("pytest", reload_cost_s=1.5), models)
+    assert decision.basis == "all-tools"
+    all_samples = models.durations.model(Level.TENANT).recent_samples()  # type: ignore[union-attr]
+    assert decision.ttl_s == optimal_ttl(all_samples, 1.5)
+    assert len(all_samples) == len(pooled) + 50
+
+
+def test_continuum_cold_start_is_log_of_benefit() -> None:
+    models = _models("continuum")
+    for n in (5, 5, 5):
+        models.record_program_end(n)  # fixed length: η = 1
+    models.record_queue_delay(2.0)
+    facts = RequestFacts("ls", reload_cost_s=1.0)
+    decision = get_policy("continuum").decide(facts, models)
+    assert decision.basis == "cold-start"
+    assert decision.benefit_s == pytest.approx(3.0)  # T·η + PrefillReload
+    assert decision.ttl_s == pytest.approx(math.log(3.0))
+    assert decision.return_probability == pytest.approx(1 - 1 / 3)
+    small = get_policy("continuum").decide(
+        RequestFacts("ls", reload_cost_s=0.5), _models("continuum")
+    )
+    assert (small.ttl_s, small.basis) == (0.0, "cold-start")
+
+
+def test_benefit_uses_the_cost_model_when_not_overridden() -> None:
+    models = _models("continuum")
+    facts = RequestFacts("ls", context_tokens=32_000)
+    decision = get_policy("continuum").decide(facts, models)
+    assert decision.benefit_s == pytest.approx(models.cost.prefill_s(32_000))
+    offload = get_policy("continuum").decide(
+        RequestFacts("ls", context_tokens=32_000, offload=True), models
+    )
+    assert offload.benefit_s == pytest.approx(models.cost.reload_s(32_000))
+
+
+def test_cachettl_separates_invocations_and_caps() -> None:
+    models = _models("cachettl", min_samples=100)
+    for _ in range(150):
+        models.record_tool_call("bash", "ls -la", 0.05)
+        models.record_tool_call("bash", "pytest -x", 40.0)
+    policy = get_policy("cachettl", ttl_cap_s=30.0)
+    facts = {"reload_cost_s": 2.0, "queue_delay_s": 0.0}
+    ls = policy.decide(RequestFacts("bash", "ls", **facts), models)  # type: ignore[arg-type]
+    assert (ls.ttl_s, ls.basis, ls.return_probability) == (0.05, "invocation", 1.0)
+    test = policy.decide(RequestFacts("bash", "pytest", **facts), models)  # type: ignore[arg-type]
+    assert (test.ttl_s, test.basis) == (0.0, "invocation")
+    # The paper's policy sees one `bash` tool: half its calls return within 0.05 s.
+    paper = get_policy("continuum").decide(RequestFacts("bash", "ls", **facts), models)  # type: ignore[arg-type]
+    assert (paper.basis, paper.return_probability) == ("tool", 0.5)
+    # The cap binds even where the optimum is larger.
+    for _ in range(150):
+        models.record_tool_call("bash", "make", 60.0)
+    big = policy.decide(RequestFacts("bash", "make", reload_cost_s=1000.0), models)
+    assert big.ttl_s == 0.0  # 60 s > cap: the only capped candidate is 0
+    cold = policy.decide(RequestFacts("new", reload_cost_s=1e30), _models("cachettl"))
+    assert cold.ttl_s == 30.0
+    assert cold.basis == "cold-start"
+
+
+def test_cachettl_uses_shared_priors_only_for_sharing_tenants() -> None:
+    models = _models("cachettl", min_samples=10)
+    for _ in range(20):
+        models.record_tool_call("fetch", None, 0.2, tenant="veteran", share=True)
+    policy = get_policy("cachettl")
+    newcomer = RequestFacts("fetch", tenant="new", reload_cost_s=1.0, share=True)
+    assert policy.decide(newcomer, models).basis == "shared"
+    loner = RequestFacts("fetch", tenant="new", reload_cost_s=1.0, share=False)
+    assert policy.decide(loner, models).basis == "cold-start"
+
+
+def test_registry_lists_names_and_fixed_policy() -> None:
+    assert sorted(POLICIES) == ["cachettl", "continuum", "fixed", "none"]
+    models = _models("continuum", min_samples=0)
+    for _ in range(3):
+        models.record_tool_call("slow", None, 10.0)
+    fixed = get_policy("fixed", ttl_s=2.0)
+    assert fixed.decide(RequestFacts("slow"), models).ttl_s == 0.0  # mean > TTL: skipped
+    assert fixed.decide(RequestFacts("fast"), models).ttl_s == 2.0
+    with pytest.raises(ValueError, match="unknown TTL policy 'x'; valid: cachettl, continuum"):
+        get_policy("x")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tool": ""}, "tool must be a non-empty string"),
+        ({"tool": "ls", "context_tokens": -1}, "context_tokens must be >= 0, got -1"),
+        ({"tool": "ls", "reload_cost_s": float("nan")}, "reload_cost_s must be finite"),
+        ({"tool": "ls", "queue_delay_s": -2.0}, "queue_delay_s must be >= 0"),
+    ],
+)
+def test_bad_facts(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RequestFacts(**kwargs)  # type: ignore[arg-type]
