@@ -58,8 +58,7 @@ class MemoryStore(Store):
     def tenant_by_token_hash(self, token_hash: str) -> Tenant | None:
         with self._lock:
             name = self._hashes.get(token_hash)
-            tenant = self._tenants.get(name) if name is not None else None
-            return tenant if tenant is not None and tenant.revoked_at is None else None
+            return self._tenants.get(name) if name is not None else None
 
     def append_tool_calls(self, tenant: Tenant, calls: Sequence[ToolCall]) -> AppendResult:
         with self._lock:

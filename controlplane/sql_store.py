@@ -173,9 +173,7 @@ class SqlStore(Store):
             )
 
     def tenant_by_token_hash(self, token_hash: str) -> Tenant | None:
-        query = select(tenants).where(
-            tenants.c.token_hash == token_hash, tenants.c.revoked_at.is_(None)
-        )
+        query = select(tenants).where(tenants.c.token_hash == token_hash)
         with transaction(self.engine) as c:
             row = c.execute(query).first()
         return _tenant(row) if row is not None else None

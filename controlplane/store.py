@@ -67,7 +67,7 @@ class Store(ABC):
 
     @abstractmethod
     def tenant_by_token_hash(self, token_hash: str) -> Tenant | None:
-        """The live (not revoked) tenant holding this token, or None."""
+        """The tenant holding this token (revoked ones too: check ``revoked_at``), or None."""
 
     # -- the event log ----------------------------------------------------------------
 

@@ -1,0 +1,195 @@
+"""Read-only views of one tenant's models (shared by the gRPC service and the CLI).
+
+A tenant only ever sees its own keys; the cross-tenant ``shared`` models appear in a
+sharing tenant's snapshot as aggregate windows, never as another tenant's raw events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controlplane.state import ModelState, PinCounts
+from estimator import DurationModel, Level
+
+__all__ = [
+    "DistributionView",
+    "ModelView",
+    "SnapshotView",
+    "ToolView",
+    "WorkloadView",
+    "distribution",
+    "list_tools",
+    "snapshot",
+    "workload",
+]
+
+#: Windows longer than this are sent in snapshots as this many evenly spaced quantiles.
+SNAPSHOT_MAX_POINTS = 512
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+@dataclass(frozen=True)
+class ToolView:
+    tool_name: str
+    sample_count: int
+    seen_count: int
+    quantiles_s: tuple[float, float, float]  # p50, p90, p99
+    drift_epoch: int
+    signatures: list[str]
+    pins: PinCounts
+
+
+@dataclass(frozen=True)
+class DistributionView:
+    tool_name: str
+    signature: str
+    basis: str
+    sample_count: int
+    seen_count: int
+    drift_epoch: int
+    quantiles: list[tuple[float, float]]  # (q, seconds)
+    cdf: list[tuple[float, float]]  # (seconds, probability)
+    pins: PinCounts
+    sorted_samples_s: list[float] = field(repr=False, default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    eta: float
+    queue_delay_s: float
+    programs_completed: int
+    programs_in_window: int
+    tool_calls: int
+    queue_samples: int
+
+
+@dataclass(frozen=True)
+class ModelView:
+    tool_name: str
+    signature: str
+    level: str
+    sorted_durations_s: list[float]
+    summarized: bool
+    sample_count: int
+    drift_epoch: int
+
+
+@dataclass(frozen=True)
+class SnapshotView:
+    version: int
+    models: list[ModelView]
+    eta: float
+    queue_delay_s: float
+    min_samples: int
+
+
+def _quantiles(model: DurationModel) -> tuple[float, float, float]:
+    q50, q90, q99 = (model.quantile(q) for q in QUANTILES)
+    return q50, q90, q99
+
+
+def list_tools(state: ModelState, tenant: str) -> list[ToolView]:
+    """The tenant's tools, sorted by name."""
+    durations = state.models.durations
+    views = []
+    for tool in durations.tools(tenant):
+        model = durations.model(Level.TOOL, tool, None, tenant)
+        if model is None:
+            continue
+        views.append(
+            ToolView(
+                tool,
+                model.n_samples,
+                model.n_seen,
+                _quantiles(model),
+                model.drift_epoch,
+                durations.signatures_of(tool, tenant),
+                state.pin_counts(tenant, tool),
+            )
+        )
+    return views
+
+
+def distribution(
+    state: ModelState, tenant: str, tool: str, args: str, points: int
+) -> DistributionView | None:
+    """One tool's (or, with ``args``, one invocation's) distribution; None if unknown."""
+    durations = state.models.durations
+    level, model = Level.TOOL, durations.model(Level.TOOL, tool, None, tenant)
+    signature = ""
+    if args:
+        invocation = durations.model(Level.INVOCATION, tool, args, tenant)
+        if invocation is not None:
+            level, model = Level.INVOCATION, invocation
+            signature = durations.signatures.signature(tool, args)
+    if model is None:
+        return None
+    samples = model.sorted_samples()
+    cdf: list[tuple[float, float]] = []
+    if samples.size:
+        idx = np.unique(np.linspace(0, samples.size - 1, max(points, 2)).round().astype(int))
+        cdf = [(float(samples[i]), model.cdf(float(samples[i]))) for i in idx]
+    return DistributionView(
+        tool,
+        signature,
+        level.value,
+        model.n_samples,
+        model.n_seen,
+        model.drift_epoch,
+        [(q, model.quantile(q)) for q in (0.1, 0.25, *QUANTILES)],
+        cdf,
+        state.pin_counts(tenant, tool),
+        [float(x) for x in samples],
+    )
+
+
+def workload(state: ModelState, tenant: str) -> WorkloadView:
+    """η, T and counts of one tenant."""
+    stats = state.models.workload(tenant)
+    return WorkloadView(
+        stats.eta.get(),
+        stats.queue.get(),
+        state.programs.get(tenant, 0),
+        stats.eta.n_programs,
+        state.tool_calls.get(tenant, 0),
+        stats.queue.n_samples,
+    )
+
+
+def _model_view(tool: str, signature: str, level: Level, model: DurationModel) -> ModelView:
+    samples = model.sorted_samples()
+    summarized = samples.size > SNAPSHOT_MAX_POINTS
+    if summarized:
+        idx = np.linspace(0, samples.size - 1, SNAPSHOT_MAX_POINTS).round().astype(int)
+        samples = samples[idx]
+    return ModelView(
+        tool,
+        signature,
+        level.value,
+        [float(x) for x in samples],
+        summarized,
+        model.n_samples,
+        model.drift_epoch,
+    )
+
+
+def snapshot(state: ModelState, tenant: str, share: bool) -> SnapshotView:
+    """Every model the tenant's decisions may use, compactly."""
+    durations = state.models.durations
+    views: list[ModelView] = []
+    all_tools = durations.model(Level.TENANT, "", None, tenant)
+    if all_tools is not None:
+        views.append(_model_view("", "", Level.TENANT, all_tools))
+    scope = f"t:{tenant}"
+    for (owner, tool, signature), model in sorted(durations.items(), key=lambda kv: kv[0]):
+        if owner == scope and tool:
+            level = Level.INVOCATION if signature else Level.TOOL
+            views.append(_model_view(tool, signature, level, model))
+        elif owner == "shared" and share:
+            views.append(_model_view(tool, "", Level.SHARED, model))
+    stats = state.models.workload(tenant)
+    return SnapshotView(
+        state.version, views, stats.eta.get(), stats.queue.get(), durations.min_samples
+    )

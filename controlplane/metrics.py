@@ -1,0 +1,60 @@
+"""Prometheus metrics of one server (its own registry, so servers in a test don't mix)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+
+
+class Metrics:
+    """RPC counts and latencies, events ingested, decisions by basis, model versions."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rpcs = Counter("cachettl_rpc_total", "RPCs answered", ["method", "code"], registry=r)
+        self.latency = Histogram(
+            "cachettl_rpc_latency_seconds",
+            "RPC latency",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ingested = Counter(
+            "cachettl_events_ingested_total", "Tool-call events stored", registry=r
+        )
+        self.duplicates = Counter(
+            "cachettl_events_duplicate_total", "Repeated events ignored", registry=r
+        )
+        self.decisions = Counter("cachettl_decisions_total", "TTL decisions", ["basis"], registry=r)
+        self.model_version = Gauge(
+            "cachettl_model_version", "Log positions applied to the models", registry=r
+        )
+        self.snapshot_version = Gauge(
+            "cachettl_snapshot_version", "Version of the last snapshot streamed", registry=r
+        )
+
+    def observe_rpc(self, method: str, code: Any, seconds: float) -> None:
+        name = getattr(code, "name", str(code))
+        self.rpcs.labels(method, name).inc()
+        self.latency.labels(method).observe(seconds)
+
+    def events(self, accepted: int, duplicates: int) -> None:
+        self.ingested.inc(accepted)
+        self.duplicates.inc(duplicates)
+
+    def decision(self, basis: str) -> None:
+        self.decisions.labels(basis).inc()
+
+    def snapshot_sent(self, version: int) -> None:
+        self.snapshot_version.set(version)
+
+    def serve(self, host: str, port: int) -> int:
+        """Expose ``/metrics`` over HTTP; returns the bound port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_port)

@@ -1,0 +1,180 @@
+"""Building (``make_server``) and running (``serve``) the grpc.aio control-plane server.
+
+Besides the RPCs the server runs two background loops: it tails the event log every
+``tail_interval_s`` (so several servers on one PostgreSQL converge: a row committed
+through one server is in every other server's models within ``tail_interval_s`` plus one
+read), and writes a model snapshot every ``snapshot_interval_s`` when the models changed
+(write-behind; a restart loads it and replays only the log's tail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from controlplane._gen.cachettl.v1 import (
+    events_pb2,
+    events_pb2_grpc,
+    inspect_pb2_grpc,
+    model_pb2_grpc,
+    ttl_pb2_grpc,
+)
+from controlplane.metrics import Metrics
+from controlplane.records import LIMITS, Limits
+from controlplane.service import ControlPlane
+from controlplane.servicer import Servicer
+
+__all__ = ["SERVICE_NAMES", "ControlPlaneServer", "ServerOptions", "TlsFiles", "serve"]
+
+log = logging.getLogger(__name__)
+
+_PACKAGE = events_pb2.DESCRIPTOR.package
+SERVICE_NAMES = tuple(
+    f"{_PACKAGE}.{name}"
+    for name in ("ToolEventService", "TtlService", "InspectService", "ModelService")
+)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for TLS; with ``client_ca`` clients must present a certificate (mTLS)."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        pair = [(self.key.read_bytes(), self.cert.read_bytes())]
+        if self.client_ca is None:
+            return grpc.ssl_server_credentials(pair)
+        return grpc.ssl_server_credentials(
+            pair, root_certificates=self.client_ca.read_bytes(), require_client_auth=True
+        )
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    listen: str = "127.0.0.1:50051"
+    max_concurrent_rpcs: int = 256
+    tail_interval_s: float = 0.5
+    snapshot_interval_s: float = 30.0
+    watch_interval_s: float = 0.5
+    grace_s: float = 5.0
+    limits: Limits = field(default_factory=lambda: LIMITS)
+    tls: TlsFiles | None = None
+    metrics_listen: str | None = None
+
+
+#: The generated registration functions (untyped, hence the annotation).
+_ADDERS: tuple[Callable[[Any, Any], None], ...] = (
+    events_pb2_grpc.add_ToolEventServiceServicer_to_server,
+    ttl_pb2_grpc.add_TtlServiceServicer_to_server,
+    inspect_pb2_grpc.add_InspectServiceServicer_to_server,
+    model_pb2_grpc.add_ModelServiceServicer_to_server,
+)
+
+
+class ControlPlaneServer:
+    """A started-on-demand aio server over one ``ControlPlane`` (``start``/``stop``)."""
+
+    def __init__(self, plane: ControlPlane, options: ServerOptions | None = None) -> None:
+        self.plane = plane
+        self.options = options or ServerOptions()
+        self.metrics = Metrics()
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _build(self) -> grpc.aio.Server:
+        o = self.options
+        server = grpc.aio.server(maximum_concurrent_rpcs=o.max_concurrent_rpcs)
+        servicer = Servicer(self.plane, self.metrics, o.limits, o.watch_interval_s)
+        for add in _ADDERS:
+            add(servicer, server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        self._health = health_servicer
+        names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
+        if o.tls is None:
+            self.port = server.add_insecure_port(o.listen)
+        else:
+            self.port = server.add_secure_port(o.listen, o.tls.credentials())
+        if self.port == 0:
+            raise ValueError(f"--listen: cannot bind {o.listen!r}")
+        return server
+
+    async def start(self) -> int:
+        """Bind, start serving and the background loops; returns the bound port."""
+        self._server = self._build()
+        await self._server.start()
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for name in ("", *SERVICE_NAMES):
+            await self._health.set(name, serving)
+        if self.options.metrics_listen:
+            host, _, port = self.options.metrics_listen.rpartition(":")
+            self.metrics_port = self.metrics.serve(host or "127.0.0.1", int(port))
+        self._tasks = [
+            asyncio.create_task(self._every(self.options.tail_interval_s, self._tail)),
+            asyncio.create_task(
+                self._every(self.options.snapshot_interval_s, self.plane.write_snapshot)
+            ),
+        ]
+        return self.port
+
+    def _tail(self) -> None:
+        self.plane.catch_up()
+        self.metrics.model_version.set(self.plane.version)
+
+    async def _every(self, interval_s: float, job: object) -> None:
+        assert callable(job)
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await asyncio.to_thread(job)
+            except Exception:  # keep serving; the next round retries
+                log.exception("background job failed")
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop accepting RPCs, let running ones finish, then write a final snapshot."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._server is not None:
+            await self._health.enter_graceful_shutdown()
+            await self._server.stop(self.options.grace_s if grace_s is None else grace_s)
+        try:
+            await asyncio.to_thread(self.plane.write_snapshot)
+        except Exception:
+            log.exception("final snapshot failed")
+
+    async def wait(self) -> None:
+        assert self._server is not None
+        await self._server.wait_for_termination()
+
+
+async def serve(plane: ControlPlane, options: ServerOptions) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = ControlPlaneServer(plane, options)
+    port = await server.start()
+    print(f"cachettl control plane on port {port} (policy {plane.policy_name})", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    print("cachettl control plane: shutting down", flush=True)
+    await server.stop()

@@ -1,0 +1,171 @@
+"""Decode and check wire messages; every error names the field and the limit.
+
+Limits live in ``controlplane.records.LIMITS`` (and controlplane/README.md). A batch is
+checked whole before anything is stored, so a rejected batch stores nothing.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+from google.protobuf.unknown_fields import UnknownFieldSet
+
+from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, ttl_pb2
+from controlplane.errors import InvalidInputError
+from controlplane.records import LIMITS, Limits, PinOutcome, ProgramEnd, ToolCall
+from controlplane.service import DecideRequest
+
+__all__ = [
+    "check_name",
+    "decide_request",
+    "distribution_request",
+    "program_end",
+    "tool_calls",
+]
+
+
+def check_name(field: str, value: str, limit_name: str, required: bool = True) -> str:
+    """A name or text field: at most ``LIMITS.<limit_name>`` characters, no NUL."""
+    limit = getattr(LIMITS, limit_name)
+    if required and not value:
+        raise InvalidInputError(field, f"must be 1..{limit} characters, got an empty string")
+    if len(value) > limit:
+        raise InvalidInputError(field, f"must be at most {limit} characters, got {len(value)}")
+    if "\x00" in value:
+        raise InvalidInputError(field, "must not contain NUL characters")
+    return value
+
+
+def check_known(field: str, message: Message) -> None:
+    """Reject fields this server does not know (a client built for a newer contract)."""
+    unknown = UnknownFieldSet(message)
+    if len(unknown):
+        numbers = ", ".join(str(unknown[i].field_number) for i in range(len(unknown)))
+        raise InvalidInputError(field, f"unknown field number(s) {numbers}")
+
+
+def duration_s(
+    field: str, value: Duration, limits: Limits = LIMITS, maximum: float | None = None
+) -> float:
+    """A Duration as seconds: 0 <= d <= maximum (default: the maximum tool duration)."""
+    check_known(field, value)
+    limit = limits.max_duration_s if maximum is None else maximum
+    if not -999_999_999 <= value.nanos <= 999_999_999:
+        raise InvalidInputError(field, f"nanos must be in ±999999999, got {value.nanos}")
+    seconds = value.seconds + value.nanos / 1e9
+    if seconds < 0 or value.nanos < 0:
+        raise InvalidInputError(field, f"must be >= 0, got {seconds!r} s")
+    if seconds > limit:
+        raise InvalidInputError(field, f"must be at most {limit:g} s, got {seconds!r} s")
+    return seconds
+
+
+def timestamp_s(field: str, value: Timestamp) -> float:
+    check_known(field, value)
+    if not 0 <= value.nanos <= 999_999_999:
+        raise InvalidInputError(field, f"nanos must be in 0..999999999, got {value.nanos}")
+    if not 0 <= value.seconds <= 253_402_300_799:  # 9999-12-31
+        raise InvalidInputError(field, "must be between 1970 and 9999")
+    return value.seconds + value.nanos / 1e9
+
+
+def _tool_call(i: int, event: events_pb2.ToolCallEvent, limits: Limits) -> ToolCall:
+    at = f"events[{i}]"
+    check_known(at, event)
+    if event.pin_outcome not in PinOutcome._value2member_map_:
+        raise InvalidInputError(f"{at}.pin_outcome", f"unknown value {event.pin_outcome}")
+    if not event.HasField("duration"):
+        raise InvalidInputError(f"{at}.duration", "is required")
+    return ToolCall(
+        event_id=check_name(f"{at}.event_id", event.event_id, "event_id"),
+        program_id=check_name(f"{at}.program_id", event.program_id, "program_id"),
+        tool_name=check_name(f"{at}.tool_name", event.tool_name, "tool_name"),
+        tool_args=check_name(f"{at}.tool_args", event.tool_args, "tool_args", required=False),
+        duration_s=duration_s(f"{at}.duration", event.duration, limits),
+        finished_at=(
+            timestamp_s(f"{at}.finished_at", event.finished_at)
+            if event.HasField("finished_at")
+            else None
+        ),
+        turn_index=event.turn_index,
+        chosen_ttl_s=(
+            duration_s(f"{at}.chosen_ttl", event.chosen_ttl, limits)
+            if event.HasField("chosen_ttl")
+            else None
+        ),
+        pin_outcome=PinOutcome(event.pin_outcome),
+        admission_delay_s=(
+            duration_s(f"{at}.admission_delay", event.admission_delay, limits)
+            if event.HasField("admission_delay")
+            else None
+        ),
+    )
+
+
+def tool_calls(
+    request: events_pb2.RecordToolCallsRequest, limits: Limits = LIMITS
+) -> list[ToolCall]:
+    """The batch's calls, all checked; raises on the first bad field."""
+    check_known("request", request)
+    n = len(request.events)
+    if n == 0:
+        raise InvalidInputError("events", f"must hold 1..{limits.batch_events} events, got 0")
+    if n > limits.batch_events:
+        raise InvalidInputError(
+            "events", f"must hold at most {limits.batch_events} events, got {n}"
+        )
+    return [_tool_call(i, e, limits) for i, e in enumerate(request.events)]
+
+
+def program_end(request: events_pb2.RecordProgramEndRequest) -> ProgramEnd:
+    check_known("request", request)
+    program = check_name("program_id", request.program_id, "program_id")
+    if not 1 <= request.total_turns <= LIMITS.total_turns:
+        raise InvalidInputError(
+            "total_turns", f"must be in 1..{LIMITS.total_turns}, got {request.total_turns}"
+        )
+    finished = (
+        timestamp_s("finished_at", request.finished_at) if request.HasField("finished_at") else None
+    )
+    return ProgramEnd(program, request.total_turns, finished)
+
+
+def decide_request(request: ttl_pb2.DecideTtlRequest, limits: Limits = LIMITS) -> DecideRequest:
+    check_known("request", request)
+    if request.context_tokens > limits.context_tokens:
+        raise InvalidInputError(
+            "context_tokens",
+            f"must be at most {limits.context_tokens}, got {request.context_tokens}",
+        )
+    return DecideRequest(
+        tool_name=check_name("tool_name", request.tool_name, "tool_name"),
+        tool_args=check_name("tool_args", request.tool_args, "tool_args", required=False),
+        context_tokens=request.context_tokens,
+        program_id=check_name("program_id", request.program_id, "program_id", required=False),
+        turns_served=request.turns_served,
+        reload_cost_s=(
+            duration_s("reload_cost", request.reload_cost, limits)
+            if request.HasField("reload_cost")
+            else None
+        ),
+        queue_delay_s=(
+            duration_s("queue_delay", request.queue_delay, limits)
+            if request.HasField("queue_delay")
+            else None
+        ),
+        offload=request.offload,
+    )
+
+
+def distribution_request(
+    request: inspect_pb2.GetToolDistributionRequest,
+) -> tuple[str, str, int]:
+    check_known("request", request)
+    tool = check_name("tool_name", request.tool_name, "tool_name")
+    args = check_name("tool_args", request.tool_args, "tool_args", required=False)
+    if request.cdf_points > LIMITS.cdf_points:
+        raise InvalidInputError(
+            "cdf_points", f"must be at most {LIMITS.cdf_points}, got {request.cdf_points}"
+        )
+    return tool, args, request.cdf_points or 50

@@ -1,0 +1,112 @@
+"""The gRPC service end to end: a real aio server on port 0 and the Python client."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controlplane.client import ControlPlaneClient, ToolCall
+from controlplane.records import PinOutcome
+from controlplane.server import SERVICE_NAMES
+from controlplane.service import ControlPlane
+from estimator import exponential_ttl, optimal_ttl
+
+
+def _calls(prefix: str, tool: str, durations: list[float], args: str = "") -> list[ToolCall]:
+    return [
+        ToolCall(f"{prefix}-{i}", f"{prefix}-prog", tool, args, d) for i, d in enumerate(durations)
+    ]
+
+
+def test_continuum_ttl_equals_optimal_ttl_over_the_window(store, serve):
+    plane = ControlPlane(store, policy="continuum", min_samples=5)
+    _, token = plane.create_tenant("acme")
+    durations = [0.1 * (i % 17) + 0.05 for i in range(40)] + [30.0, 45.0]
+    with serve(plane) as server, ControlPlaneClient(server.target, token) as client:
+        ack = client.record_tool_calls(_calls("e", "grep", durations))
+        assert (ack.accepted, ack.duplicates) == (len(durations), 0)
+        d = client.decide_ttl("grep", context_tokens=1000, reload_cost_s=1.5, queue_delay_s=0.2)
+        assert d.basis == "tool"
+        assert d.ttl_s == pytest.approx(optimal_ttl(durations, 1.5), abs=1e-9)
+        assert d.model_version == ack.model_version == len(durations)
+        cold = client.decide_ttl("never-seen-tool", reload_cost_s=4.0, queue_delay_s=0.0)
+        # no tool model: the tenant's all-tools pool decides (the paper's back-off) ...
+        assert cold.basis == "all-tools"
+        assert cold.ttl_s == pytest.approx(optimal_ttl(durations, 4.0), abs=1e-9)
+
+
+def test_cold_start_rule_before_any_sample(store, serve):
+    plane = ControlPlane(store, policy="continuum", min_samples=5)
+    _, token = plane.create_tenant("acme")
+    with serve(plane) as server, ControlPlaneClient(server.target, token) as client:
+        d = client.decide_ttl("bash", reload_cost_s=5.0, queue_delay_s=0.0)
+        assert d.basis == "cold-start"
+        assert d.ttl_s == pytest.approx(exponential_ttl(5.0), abs=1e-9)
+
+
+def test_duplicates_are_counted_and_ignored(store, serve):
+    plane = ControlPlane(store, min_samples=1)
+    _, token = plane.create_tenant("acme")
+    with serve(plane) as server, ControlPlaneClient(server.target, token) as client:
+        first = client.record_tool_calls(_calls("a", "ls", [0.1, 0.2, 0.3]))
+        again = client.record_tool_calls(_calls("a", "ls", [0.1, 0.2, 0.3, 0.4]))
+        assert (first.accepted, again.accepted, again.duplicates) == (3, 1, 3)
+        assert store.count_tool_calls("acme") == 4
+        assert client.record_program_end("a-prog", 5) is True
+        assert client.record_program_end("a-prog", 5) is False
+        stats = client.workload_stats()
+        assert (stats.tool_calls, stats.programs_completed) == (4, 1)
+
+
+def test_pin_outcomes_feed_hit_rates_and_queue_delay(store, serve):
+    plane = ControlPlane(store, min_samples=1)
+    _, token = plane.create_tenant("acme")
+    outcomes = [PinOutcome.HIT, PinOutcome.HIT, PinOutcome.EXPIRED, PinOutcome.NOT_PINNED]
+    calls = [
+        ToolCall(f"p{i}", "prog", "bash", "", 1.0, pin_outcome=o, admission_delay_s=0.5 * i)
+        for i, o in enumerate(outcomes)
+    ]
+    with serve(plane) as server, ControlPlaneClient(server.target, token) as client:
+        client.record_tool_calls(calls)
+        (tool,) = client.list_tools().tools
+        assert (tool.pins.hits, tool.pins.expired, tool.pins.not_pinned) == (2, 1, 1)
+        assert tool.pins.hit_rate == pytest.approx(2 / 3)
+        stats = client.workload_stats()
+        # T averages the delays of turns whose cache had been released: 1.0 and 1.5 s
+        assert stats.queue_delay.ToTimedelta().total_seconds() == pytest.approx(1.25)
+        assert stats.queue_samples == 2
+
+
+def test_health_and_reflection_are_served(store, serve):
+    plane = ControlPlane(store)
+    with serve(plane) as server, grpc.insecure_channel(server.target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for name in ("", *SERVICE_NAMES):
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+        reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        (reply,) = list(reflect.ServerReflectionInfo(iter([request]), timeout=5))
+        names = {s.name for s in reply.list_services_response.service}
+        assert set(SERVICE_NAMES) <= names
+
+
+def test_snapshot_stream_resumes_from_a_version(store, serve):
+    plane = ControlPlane(store, min_samples=1)
+    _, token = plane.create_tenant("acme")
+    with (
+        serve(plane, watch_interval_s=0.02) as server,
+        ControlPlaneClient(server.target, token) as client,
+    ):
+        client.record_tool_calls(_calls("s", "ls", [0.1, 0.2]))
+        first = next(client.watch_snapshots(timeout_s=10))
+        assert first.version == 2
+        assert [m.level for m in first.models] == ["all-tools", "tool"]
+        assert list(first.models[1].sorted_durations_seconds) == [0.1, 0.2]
+        client.record_tool_calls(_calls("t", "ls", [0.3]))
+        resumed = next(client.watch_snapshots(after_version=first.version, timeout_s=10))
+        assert resumed.version == 3
+        assert list(resumed.models[1].sorted_durations_seconds) == [0.1, 0.2, 0.3]
