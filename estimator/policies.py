@@ -46,6 +46,8 @@ class RequestFacts:
     ``reload_cost_s`` and ``queue_delay_s`` override PrefillReload(r) and T when given.
     ``offload``: the KV also sits in a CPU tier, so rebuilding it is a reload.
     ``share``: the tenant opted into cross-tenant statistics (may use shared priors).
+    ``waiting_tokens`` / ``free_tokens``: KV demand of the requests waiting now and the
+    free KV capacity now, in tokens (load signals; None when the caller does not know).
     """
 
     tool: str
@@ -58,6 +60,8 @@ class RequestFacts:
     queue_delay_s: float | None = None
     offload: bool = False
     share: bool = False
+    waiting_tokens: int | None = None
+    free_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tool, str) or not self.tool:
@@ -68,6 +72,10 @@ class RequestFacts:
             check_non_negative("reload_cost_s", self.reload_cost_s)
         if self.queue_delay_s is not None:
             check_non_negative("queue_delay_s", self.queue_delay_s)
+        if self.waiting_tokens is not None:
+            check_count("waiting_tokens", self.waiting_tokens)
+        if self.free_tokens is not None:
+            check_count("free_tokens", self.free_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +117,11 @@ class TtlPolicy(ABC):
         reload = facts.reload_cost_s
         if reload is None:
             reload = models.cost.prefill_reload_s(facts.context_tokens, offload=facts.offload)
-        return queue * stats.eta.get() + reload
+        return queue * self.eta(facts, models) + reload
+
+    def eta(self, facts: RequestFacts, models: Models) -> float:
+        """The memory factor applied to T: the tenant's global η."""
+        return models.workload(facts.tenant).eta.get()
 
     def _params(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
@@ -163,13 +175,20 @@ def _search(
     levels: Sequence[Level],
     benefit: float,
     cap_s: float | None,
+    pressure: float = 1.0,
 ) -> Decision:
+    """Maximise F(τ)·B − λ·τ (λ = ``pressure``, the paper's λ = 1) at the first level
+    with enough samples: the same exact search on the benefit B/λ."""
     lookup = models.durations.lookup(facts.tool, facts.tool_args, facts.tenant, levels)
     if lookup.model is None or lookup.level is None:
-        return _cold_start(benefit, cap_s)
-    ttl, probability = lookup.model.best_ttl(benefit, cap_s)
-    expected = probability * benefit - ttl if ttl > 0 else 0.0
-    return Decision(ttl, probability, expected, lookup.level.value, benefit)
+        decision = _cold_start(benefit / pressure, cap_s)
+        probability = decision.return_probability
+        ttl, basis = decision.ttl_s, decision.basis
+    else:
+        ttl, probability = lookup.model.best_ttl(benefit / pressure, cap_s)
+        basis = lookup.level.value
+    expected = probability * benefit - pressure * ttl if ttl > 0 else 0.0
+    return Decision(ttl, probability, expected, basis, benefit)
 
 
 @register_policy
@@ -212,15 +231,51 @@ class CachettlPolicy(TtlPolicy):
     name = "cachettl"
     forgets_on_drift = True
 
-    def __init__(self, ttl_cap_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        ttl_cap_s: float = 300.0,
+        load_aware: bool = False,
+        load_floor: float = 0.25,
+        per_program: bool = False,
+    ) -> None:
         self.ttl_cap_s = check_non_negative("ttl_cap_s", ttl_cap_s)
+        self.load_aware = load_aware
+        self.load_floor = check_non_negative("load_floor", load_floor)
+        if not 0.0 < load_floor <= 1.0:
+            raise ValueError(f"load_floor must be in (0, 1], got {load_floor!r}")
+        self.per_program = per_program
+
+    def pressure(self, facts: RequestFacts) -> float:
+        """λ: the share of this pin's memory that waiting work would use now.
+
+        The paper charges every pin as if the queue were always blocked (λ = 1). With load
+        signals, λ = (waiting demand − free capacity) / pinned tokens, clamped to
+        [``load_floor``, 1]; the floor prices the load that may arrive during τ.
+        """
+        if not self.load_aware or facts.waiting_tokens is None or facts.free_tokens is None:
+            return 1.0
+        held = max(facts.context_tokens, 1)
+        share = (facts.waiting_tokens - facts.free_tokens) / held
+        return min(1.0, max(self.load_floor, share))
+
+    def eta(self, facts: RequestFacts, models: Models) -> float:
+        """η, or with ``per_program`` the program's own progress:
+        η_program = 1 − E[remaining | k served] / E[turns] — 0 for a program that has just
+        started or for memoryless lengths (where the global η is 0 too), → 1 near the end.
+        """
+        remaining = models.workload(facts.tenant).remaining
+        if not self.per_program or remaining.n_programs == 0:
+            return super().eta(facts, models)
+        expected_total = remaining.expected_remaining(0)
+        left = remaining.expected_remaining(facts.turns_served)
+        return min(1.0, max(0.0, 1.0 - left / expected_total)) if expected_total else 0.0
 
     def decide(self, facts: RequestFacts, models: Models) -> Decision:
         benefit = self.benefit_s(facts, models)
         levels: tuple[Level, ...] = (Level.INVOCATION, Level.TOOL, Level.TENANT)
         if facts.share:
             levels += (Level.SHARED,)
-        return _search(facts, models, levels, benefit, self.ttl_cap_s)
+        return _search(facts, models, levels, benefit, self.ttl_cap_s, self.pressure(facts))
 
 
 @register_policy

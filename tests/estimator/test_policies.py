@@ -9,6 +9,7 @@ import pytest
 
 from estimator import (
     POLICIES,
+    CachettlPolicy,
     DurationHierarchy,
     Level,
     Models,
@@ -214,3 +215,37 @@ def test_registry_lists_names_and_fixed_policy() -> None:
 def test_bad_facts(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RequestFacts(**kwargs)  # type: ignore[arg-type]
+
+
+def test_load_aware_pressure_scales_the_cost_of_holding() -> None:
+    models = _models("cachettl", min_samples=10)
+    for i in range(40):
+        models.record_tool_call("bash", "pytest", 1.0 if i % 2 else 8.0)
+    base = {"tool": "bash", "tool_args": "pytest", "context_tokens": 10_000, "reload_cost_s": 6.0}
+    paper = get_policy("cachettl").decide(RequestFacts(**base), models)  # type: ignore[arg-type]
+    # λ = 1: 0.5·6 − 1 = 2 beats 1·6 − 8 = −2.
+    assert paper.ttl_s == 1.0
+    aware = CachettlPolicy(load_aware=True, load_floor=0.25)
+    idle = RequestFacts(**base, waiting_tokens=0, free_tokens=500_000)  # type: ignore[arg-type]
+    # λ = 0.25: 0.5·6 − 0.25 = 2.75 < 6 − 2 = 4: hold through the slow calls too.
+    assert aware.pressure(idle) == 0.25
+    decision = aware.decide(idle, models)
+    assert decision.ttl_s == 8.0
+    assert decision.expected_benefit_s == pytest.approx(6.0 - 0.25 * 8.0)
+    busy = RequestFacts(**base, waiting_tokens=400_000, free_tokens=0)  # type: ignore[arg-type]
+    assert aware.pressure(busy) == 1.0
+    assert aware.decide(busy, models).ttl_s == 1.0
+    with pytest.raises(ValueError, match=r"load_floor must be in \(0, 1\], got 0.0"):
+        get_policy("cachettl", load_floor=0.0)
+
+
+def test_per_program_eta_follows_progress() -> None:
+    models = _models("cachettl")
+    for _ in range(20):
+        models.record_program_end(10)
+    policy = get_policy("cachettl", per_program=True)
+    early = RequestFacts("ls", turns_served=1)
+    late = RequestFacts("ls", turns_served=9)
+    assert policy.eta(early, models) == pytest.approx(0.1)
+    assert policy.eta(late, models) == pytest.approx(0.9)
+    assert get_policy("cachettl").eta(early, models) == 1.0  # global η of fixed lengths
