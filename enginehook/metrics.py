@@ -1,0 +1,106 @@
+"""The hook's counters: pins held, pinned blocks, hits on pinned prefixes, expiries,
+pressure releases and decisions by basis. Rendered as Prometheus text by
+:meth:`HookMetrics.prometheus` (served on the hook's own endpoint when configured).
+
+>>> m = HookMetrics()
+>>> m.decision("cold-start"); m.released("ttl"); m.set_gauges(pins=2, blocks=7)
+>>> m.snapshot()["expiries"], m.snapshot()["pinned_blocks"]
+(1, 7)
+>>> print(m.prometheus().splitlines()[0])
+# TYPE cachettl_pins_held gauge
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+__all__ = ["HookMetrics"]
+
+
+class HookMetrics:
+    """Thread-safe counters (written in ``schedule()``, read by an endpoint thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pins_held = 0
+        self.pinned_blocks = 0
+        self.pins_taken = 0
+        self.pinned_prefix_hits = 0
+        self.hit_tokens = 0
+        self.releases: Counter[str] = Counter()
+        self.decisions: Counter[str] = Counter()
+        self.events_emitted = 0
+
+    def set_gauges(self, *, pins: int, blocks: int) -> None:
+        """Current pins held and blocks they hold."""
+        with self._lock:
+            self.pins_held, self.pinned_blocks = pins, blocks
+
+    def decision(self, basis: str) -> None:
+        """A TTL decision was taken on ``basis``."""
+        with self._lock:
+            self.decisions[basis] += 1
+
+    def pinned(self) -> None:
+        """A pin was taken."""
+        with self._lock:
+            self.pins_taken += 1
+
+    def hit(self, cached_tokens: int) -> None:
+        """A returning request was admitted while its program's pin was live."""
+        with self._lock:
+            self.pinned_prefix_hits += 1
+            self.hit_tokens += cached_tokens
+
+    def released(self, reason: str) -> None:
+        """A pin ended for ``reason`` (a :class:`~enginehook.pins.ReleaseReason` value)."""
+        with self._lock:
+            self.releases[reason] += 1
+
+    def emitted(self) -> None:
+        """An event left for the control plane's queue."""
+        with self._lock:
+            self.events_emitted += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """All counters as a plain dict."""
+        with self._lock:
+            return {
+                "pins_held": self.pins_held,
+                "pinned_blocks": self.pinned_blocks,
+                "pins_taken": self.pins_taken,
+                "pinned_prefix_hits": self.pinned_prefix_hits,
+                "hit_tokens": self.hit_tokens,
+                "expiries": self.releases["ttl"],
+                "pressure_releases": self.releases["pressure"] + self.releases["budget"],
+                "releases": dict(self.releases),
+                "decisions": dict(self.decisions),
+                "events_emitted": self.events_emitted,
+            }
+
+    def prometheus(self) -> str:
+        """The counters in Prometheus text exposition format."""
+        s = self.snapshot()
+        lines = [
+            "# TYPE cachettl_pins_held gauge",
+            f"cachettl_pins_held {s['pins_held']}",
+            "# TYPE cachettl_pinned_blocks gauge",
+            f"cachettl_pinned_blocks {s['pinned_blocks']}",
+            "# TYPE cachettl_pins_taken_total counter",
+            f"cachettl_pins_taken_total {s['pins_taken']}",
+            "# TYPE cachettl_pinned_prefix_hits_total counter",
+            f"cachettl_pinned_prefix_hits_total {s['pinned_prefix_hits']}",
+            "# TYPE cachettl_pin_releases_total counter",
+        ]
+        lines += [
+            f'cachettl_pin_releases_total{{reason="{r}"}} {n}'
+            for r, n in sorted(s["releases"].items())
+        ]
+        lines.append("# TYPE cachettl_ttl_decisions_total counter")
+        lines += [
+            f'cachettl_ttl_decisions_total{{basis="{b}"}} {n}'
+            for b, n in sorted(s["decisions"].items())
+        ]
+        return "\n".join(lines) + "\n"
