@@ -1,0 +1,370 @@
+"""A simulation run: programs → LLM turn → tool gap → next turn, on one engine.
+
+:class:`Simulation` owns the event loop, the engine, the pin table (the shipped
+:class:`enginehook.pins.PinTable`) and one scheduling policy. Tool durations seen by the
+policy are measured the way the server measures them: next arrival − finish.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from enginehook.pins import Pin, PinTable, ReleaseReason
+from estimator import RequestFacts, get_profile
+from simulator.engine import Engine, EngineConfig, Request
+from simulator.loop import ARRIVAL, STEP_END, STEP_START, Event, EventLoop
+from simulator.policies import PinHandle, SchedulingPolicy, get_scheduling_policy
+from simulator.steptime import StepTimer
+from simulator.trace import Program
+
+__all__ = ["ProgramResult", "RunResult", "Simulation", "simulate"]
+
+
+@dataclass(slots=True)
+class ProgramResult:
+    """What happened to one program."""
+
+    program_id: str
+    arrival_s: float
+    finish_s: float
+    turns: int
+    tokens: int
+    first_turn_wait_s: float
+
+    @property
+    def jct_s(self) -> float:
+        return self.finish_s - self.arrival_s
+
+
+@dataclass(slots=True)
+class RunResult:
+    """One policy's run over a trace."""
+
+    policy: str
+    programs: list[ProgramResult]
+    prompt_tokens: int
+    hit_tokens: int
+    preemptions: int
+    pinned_block_seconds: float
+    num_blocks: int
+    makespan_s: float
+    steps: int
+    pins: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _State:
+    program: Program
+    next_turn: int = 0
+    context: int = 0
+    finished_at: float = 0.0
+    first_wait: float = math.nan
+
+
+class _Arrival(Event):
+    __slots__ = ("sim", "state")
+
+    def __init__(self, time: float, sim: Simulation, state: _State) -> None:
+        super().__init__(time, ARRIVAL)
+        self.sim, self.state = sim, state
+
+    def handle(self, loop: EventLoop) -> Iterable[Event]:
+        return self.sim.arrive(self.state, loop.now)
+
+
+class _StepStart(Event):
+    __slots__ = ("sim",)
+
+    def __init__(self, time: float, sim: Simulation) -> None:
+        super().__init__(time, STEP_START)
+        self.sim = sim
+
+    def handle(self, loop: EventLoop) -> Iterable[Event]:
+        return self.sim.start_step(loop.now, loop.next_time())
+
+
+class _StepEnd(Event):
+    __slots__ = ("scheduled", "sim", "steps")
+
+    def __init__(
+        self, time: float, sim: Simulation, scheduled: list[tuple[Request, int]], steps: int
+    ) -> None:
+        super().__init__(time, STEP_END)
+        self.sim, self.scheduled, self.steps = sim, scheduled, steps
+
+    def handle(self, loop: EventLoop) -> Iterable[Event]:
+        return self.sim.end_step(self.scheduled, self.steps, loop.now)
+
+
+class Simulation:
+    """One policy on one engine over a list of programs."""
+
+    def __init__(
+        self,
+        programs: Sequence[Program],
+        policy: SchedulingPolicy,
+        hardware: str = "llama3.1-8b-h100",
+        config: EngineConfig | None = None,
+        on_program_end: Callable[[ProgramResult], None] | None = None,
+    ) -> None:
+        self.programs = programs
+        self.policy = policy
+        self.config = config or EngineConfig()
+        self.timer = StepTimer(get_profile(hardware))
+        self.loop = EventLoop()
+        self.engine = Engine(self.config, self.timer, policy.key, self)
+        self.pins: PinTable[PinHandle] = PinTable(
+            self.engine.pool.num_blocks, ttl_cap_s=1e9, on_release=self._on_pin_release
+        )
+        policy.bind(hardware, self.engine.cpu is not None, self._pinned_programs)
+        policy.other_context = self._running_context
+        self.on_program_end = on_program_end
+        self.results: list[ProgramResult] = []
+        self.pin_outcomes: dict[str, int] = {}
+        self._stepping = False
+        self._pinned_integral = 0.0
+        self._steps = 0
+
+    # -- host interface used by the engine ---------------------------------------------
+    def _pinned_programs(self) -> set[str]:
+        return {p.program_id for p in self.pins}
+
+    def _running_context(self) -> int:
+        return sum(r.computed for r in self.engine.running)
+
+    def pinned_blocks_of(self, program_id: str) -> int:
+        pin = self.pins.get(program_id)
+        return pin.handle[0] if pin is not None and pin.handle is not None else 0
+
+    def take_pin(self, request: Request, now: float) -> int:
+        pin = self.pins.admitted(request.program_id)
+        if pin is None or pin.handle is None:
+            return 0
+        given = min(pin.handle[0], (request.prompt_tokens - 1) // self.config.block_size)
+        self.engine.pool.release(request.program_id, pin.blocks - given, 0)
+        request.extra["pin_hit"] = True
+        return given
+
+    def release_pins(self, needed: int, request: Request, now: float, running: bool) -> bool:
+        if not len(self.pins):
+            return False
+        victims = self.policy.victims(
+            list(self.pins),
+            needed,
+            now,
+            self.engine.waiting_programs(),
+            running or request.preempted,
+            not self.engine.running,
+        )
+        for pin in victims:
+            self.pins.release(pin.program_id, ReleaseReason.PRESSURE)
+        if victims:
+            self.engine.waiting.mark_dirty()
+        return bool(victims)
+
+    def _on_pin_release(self, pin: Pin[PinHandle], reason: ReleaseReason) -> None:
+        self.pin_outcomes[reason.value] = self.pin_outcomes.get(reason.value, 0) + 1
+        if reason is not ReleaseReason.HIT and pin.handle is not None:
+            self.engine.pool.release(pin.program_id, pin.blocks, pin.handle[0])
+
+    def on_admit(self, request: Request, now: float) -> None:
+        if request.first_admitted_at is not None:
+            return
+        request.first_admitted_at = now
+        state: _State = request.extra["state"]
+        if request.turn == 0:
+            state.first_wait = now - request.arrival
+        elif not request.extra.get("pin_hit"):
+            self.policy.observe_queue_delay(now - request.arrival, state.program.tenant)
+
+    def on_finish(self, request: Request, now: float) -> None:
+        state: _State = request.extra["state"]
+        program = state.program
+        self.policy.observe_service(program.program_id, now - (request.admitted_at or now))
+        state.context = request.computed + 1
+        state.finished_at = now
+        turn = program.turns[request.turn]
+        if turn.tool is None:
+            self.engine.finish_release(request)
+            self.pins.program_end(program.program_id)
+            self.policy.observe_program_end(len(program.turns), program.tenant)
+            self._record(state, now)
+            return
+        self._pin_or_release(request, state, now)
+        self.loop.schedule(_Arrival(now + turn.tool_duration_s, self, state))
+
+    def _pin_or_release(self, request: Request, state: _State, now: float) -> None:
+        turn = state.program.turns[request.turn]
+        if not self.policy.uses_pins or turn.tool is None:
+            self.engine.finish_release(request)
+            return
+        facts = RequestFacts(
+            tool=turn.tool,
+            tool_args=turn.tool_args,
+            context_tokens=request.computed,
+            tenant=state.program.tenant,
+            program_id=state.program.program_id,
+            turns_served=request.turn + 1,
+            offload=self.engine.cpu is not None,
+        )
+        decision = self.policy.decide(facts, turn.tool_duration_s, now)
+        full = request.computed // self.config.block_size
+        result = self.pins.pin(
+            state.program.program_id,
+            request.blocks,
+            now,
+            decision.ttl_s,
+            return_probability=decision.return_probability,
+            benefit_s=decision.benefit_s,
+            basis=decision.basis,
+            handle=(full, state.program.arrival_s),
+        )
+        if result.pinned:
+            request.blocks = 0
+            self.engine.waiting.mark_dirty()
+        else:
+            self.engine.finish_release(request)
+
+    def _record(self, state: _State, now: float) -> None:
+        program = state.program
+        result = ProgramResult(
+            program.program_id,
+            program.arrival_s,
+            now,
+            len(program.turns),
+            program.total_tokens,
+            state.first_wait,
+        )
+        self.results.append(result)
+        if self.on_program_end is not None:
+            self.on_program_end(result)
+
+    # -- events ------------------------------------------------------------------------
+    def arrive(self, state: _State, now: float) -> Iterable[Event]:
+        program = state.program
+        k = state.next_turn
+        state.next_turn += 1
+        turn = program.turns[k]
+        if k > 0:
+            previous = program.turns[k - 1]
+            assert previous.tool is not None
+            self.policy.observe_tool(
+                previous.tool, previous.tool_args, now - state.finished_at, program.tenant
+            )
+        request = Request(
+            f"{program.program_id}#{k}",
+            program.program_id,
+            k,
+            now,
+            program.arrival_s,
+            state.context + turn.input_tokens,
+            turn.output_tokens,
+        )
+        request.extra["state"] = state
+        self.engine.add(request)
+        return self._kick(now)
+
+    def _kick(self, now: float) -> list[Event]:
+        if self._stepping:
+            return []
+        self._stepping = True
+        return [_StepStart(now, self)]
+
+    def start_step(self, now: float, horizon: float) -> Iterable[Event]:
+        if len(self.pins):
+            for _ in self.pins.expire(now, self.engine.waiting_programs()):
+                self.engine.waiting.mark_dirty()
+        scheduled, reload, blocked = self.engine.schedule(now)
+        if not scheduled:
+            self._stepping = False
+            expiry = self.pins.next_expiry() if self.engine.waiting else None
+            if expiry is not None:
+                self._stepping = True
+                return [_StepStart(max(expiry, now) + 1e-9, self)]
+            return []
+        dt = self.engine.step_time(scheduled, reload)
+        steps = 1
+        if not reload and (blocked or not self.engine.waiting):
+            limit = horizon
+            if blocked and len(self.pins):
+                limit = min(limit, self.pins.next_expiry() or math.inf)
+            steps, dt = self._fast_forward(scheduled, now, dt, limit)
+        self._pinned_integral += self.pins.pinned_blocks * dt
+        self._steps += steps
+        return [_StepEnd(now + dt, self, scheduled, steps)]
+
+    def _fast_forward(
+        self, scheduled: list[tuple[Request, int]], now: float, dt: float, limit: float
+    ) -> tuple[int, float]:
+        """Fold consecutive decode-only steps of an unchanged batch into one event."""
+        running = self.engine.running
+        if len(scheduled) != len(running) or any(r.prefilling for r, _ in scheduled):
+            return 1, dt
+        steps = min(r.output_tokens - r.generated for r in running)
+        context = sum(r.computed for r in running) + 2 * len(running)
+        if steps <= 1 or now + dt >= limit:
+            return 1, dt
+        extra = self.timer.decode_run(len(running), context, steps - 1, now + dt, limit)
+        count, total = extra
+        block = self.config.block_size
+        while count:
+            need = sum(-(-(r.computed + 1 + count) // block) - r.blocks for r in running)
+            if need <= self.engine.pool.free:
+                break
+            count //= 2
+        if count == 0:
+            return 1, dt
+        if count != extra[0]:
+            total = self.timer.decode_run(len(running), context, count, now + dt, math.inf)[1]
+        for r in running:
+            need = -(-(r.computed + 1 + count) // block) - r.blocks
+            self.engine.pool.allocate(need)
+            r.blocks += need
+        return count + 1, dt + total
+
+    def end_step(
+        self, scheduled: list[tuple[Request, int]], steps: int, now: float
+    ) -> Iterable[Event]:
+        if steps > 1:
+            for request, _ in scheduled:
+                request.computed += steps - 1
+                request.generated += steps - 1
+        self.engine.complete(scheduled, now)
+        self._stepping = False
+        if self.engine.idle():
+            return []
+        return self._kick(now)
+
+    # -- running -----------------------------------------------------------------------
+    def run(self) -> RunResult:
+        for program in self.programs:
+            self.loop.schedule(_Arrival(program.arrival_s, self, _State(program)))
+        self.loop.run()
+        first = min((p.arrival_s for p in self.programs), default=0.0)
+        end = max((r.finish_s for r in self.results), default=first)
+        return RunResult(
+            self.policy.name,
+            self.results,
+            self.engine.prompt_tokens,
+            self.engine.hit_tokens,
+            self.engine.preemptions,
+            self._pinned_integral,
+            self.engine.pool.num_blocks,
+            end - first,
+            self._steps,
+            dict(self.pin_outcomes),
+        )
+
+
+def simulate(
+    programs: Sequence[Program],
+    policy: str,
+    hardware: str = "llama3.1-8b-h100",
+    config: EngineConfig | None = None,
+    on_program_end: Callable[[ProgramResult], None] | None = None,
+) -> RunResult:
+    """Run ``programs`` under the policy called ``policy``."""
+    sim = Simulation(programs, get_scheduling_policy(policy), hardware, config, on_program_end)
+    return sim.run()
