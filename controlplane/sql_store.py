@@ -8,6 +8,7 @@ one and tailing readers never miss a row.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -99,6 +100,34 @@ def transaction(engine: Engine, write: bool = False) -> Iterator[Connection]:
         raise StorageError(f"database error: {original or error}") from error
 
 
+_COLUMNS = (
+    "tenant_id",
+    "event_id",
+    "program_id",
+    "tool_name",
+    "tool_args",
+    "duration_s",
+    "finished_at",
+    "turn_index",
+    "shared",
+    "received_at",
+    "chosen_ttl_s",
+    "pin_outcome",
+    "admission_delay_s",
+)
+_SQLITE_INSERT = (
+    f"INSERT INTO tool_events ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+)
+_SQLITE_STORED_IDS = (
+    "SELECT event_id FROM tool_events WHERE tenant_id = ? "
+    "AND event_id IN (SELECT value FROM json_each(?))"
+)
+
+_PG_STORED_IDS = (
+    "SELECT event_id FROM tool_events WHERE tenant_id = %(tenant)s AND event_id = ANY(%(ids)s)"
+)
+
+
 def _tenant(row: Any) -> Tenant:
     return Tenant(row.id, row.name, bool(row.share), row.created_at, row.revoked_at)
 
@@ -183,25 +212,34 @@ class SqlStore(Store):
     def append_tool_calls(self, tenant: Tenant, calls: Sequence[ToolCall]) -> AppendResult:
         if not calls:
             return AppendResult((), 0)
-        ids = list({c.event_id for c in calls})
         now = time.time()
         with transaction(self.engine, write=True) as c:
-            query = select(tool_events.c.event_id).where(
-                tool_events.c.tenant_id == tenant.id, tool_events.c.event_id.in_(ids)
-            )
-            seen = set(c.execute(query).scalars())
+            seen = self._stored_ids(c, tenant, calls)
             rows = []
             for call in calls:
                 if call.event_id not in seen:
                     seen.add(call.event_id)
                     rows.append(_call_row(tenant, call, now))
-            seqs: list[int] = []
-            if rows:
-                statement = insert(tool_events).returning(
-                    tool_events.c.seq, sort_by_parameter_order=True
-                )
-                seqs = [int(s) for s in c.execute(statement, rows).scalars()]
+            seqs = self._insert_calls(c, rows) if rows else []
         return AppendResult(tuple(seqs), len(calls) - len(seqs))
+
+    def _stored_ids(self, c: Connection, tenant: Tenant, calls: Sequence[ToolCall]) -> set[str]:
+        ids = list({call.event_id for call in calls})
+        if self.engine.dialect.name == "sqlite":  # one JSON parameter, not one per id
+            found = c.exec_driver_sql(_SQLITE_STORED_IDS, (tenant.id, json.dumps(ids)))
+            return {row[0] for row in found}
+        found = c.exec_driver_sql(_PG_STORED_IDS, {"tenant": tenant.id, "ids": ids})
+        return {row[0] for row in found}
+
+    def _insert_calls(self, c: Connection, rows: list[dict[str, Any]]) -> list[int]:
+        if self.engine.dialect.name == "sqlite":
+            # The writer holds SQLite's write lock (BEGIN IMMEDIATE) and an INTEGER PRIMARY
+            # KEY takes max + 1, so the new rows' positions are the last len(rows) ones.
+            c.exec_driver_sql(_SQLITE_INSERT, [tuple(r[k] for k in _COLUMNS) for r in rows])
+            last = int(c.exec_driver_sql("SELECT max(seq) FROM tool_events").scalar_one())
+            return list(range(last - len(rows) + 1, last + 1))
+        statement = insert(tool_events).returning(tool_events.c.seq, sort_by_parameter_order=True)
+        return [int(s) for s in c.execute(statement, rows).scalars()]
 
     def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
         with transaction(self.engine, write=True) as c:

@@ -1,0 +1,162 @@
+"""One storage contract, run against every backend, and through the gRPC client.
+
+``TestStoreContract`` runs on the in-memory store, a SQLite file and a fresh schema of the
+real PostgreSQL. ``TestIngestContract`` runs the ingest rules both on the store directly
+and through a real server and ``ControlPlaneClient``, reading back from the store.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from controlplane.client import ControlPlaneClient
+from controlplane.errors import TenantExistsError, TenantNotFoundError
+from controlplane.records import (
+    AppendResult,
+    PinOutcome,
+    ProgramEnd,
+    SnapshotRecord,
+    Tenant,
+    ToolCall,
+)
+from controlplane.service import ControlPlane
+from controlplane.store import SNAPSHOTS_KEPT, Store, hash_token
+
+from .conftest import running
+
+BACKENDS = ["memory", "sqlite", "postgres"]
+
+
+def call(event_id: str, duration: float = 1.0, tool: str = "bash") -> ToolCall:
+    return ToolCall(event_id, "prog", tool, "pytest -x", duration)
+
+
+def make_tenant(store: Store, name: str = "acme", share: bool = False) -> Tenant:
+    return store.create_tenant(name, share, hash_token(f"token-{name}"), 1.0)
+
+
+@pytest.mark.parametrize("db_url", BACKENDS, indirect=True)
+class TestStoreContract:
+    def test_tenants(self, store: Store) -> None:
+        acme = make_tenant(store, "acme", share=True)
+        make_tenant(store, "zeta")
+        with pytest.raises(TenantExistsError):
+            make_tenant(store, "acme")
+        assert [t.name for t in store.list_tenants()] == ["acme", "zeta"]
+        found = store.tenant_by_token_hash(hash_token("token-acme"))
+        assert found is not None
+        assert (found.id, found.share, found.revoked_at) == (acme.id, True, None)
+        assert store.tenant_by_token_hash(hash_token("nope")) is None
+        store.revoke_tenant("acme", 5.0)
+        revoked = store.tenant_by_token_hash(hash_token("token-acme"))
+        assert revoked is not None
+        assert revoked.revoked_at == 5.0
+        with pytest.raises(TenantNotFoundError):
+            store.revoke_tenant("ghost", 5.0)
+
+    def test_log_positions_increase_and_read_back_in_order(self, store: Store) -> None:
+        acme, zeta = make_tenant(store, "acme"), make_tenant(store, "zeta")
+        full = ToolCall(
+            "x", "p", "bash", "ls", 0.25, 1.5, 3, 2.0, PinOutcome.EXPIRED, admission_delay_s=0.7
+        )
+        first = store.append_tool_calls(acme, [full, call("y")])
+        second = store.append_tool_calls(zeta, [call("x")])  # ids are per tenant
+        assert first.accepted == 2
+        assert second.accepted == 1
+        assert list(first.seqs) + list(second.seqs) == sorted({*first.seqs, *second.seqs})
+        rows = store.read_tool_calls(0, 100)
+        assert [(r.tenant, r.call.event_id) for r in rows] == [
+            ("acme", "x"),
+            ("acme", "y"),
+            ("zeta", "x"),
+        ]
+        assert rows[0].call == full
+        assert [r.call.event_id for r in store.read_tool_calls(rows[0].seq, 1)] == ["y"]
+        assert [r.tenant for r in store.read_tool_calls(0, 100, tenant="zeta")] == ["zeta"]
+        assert store.count_tool_calls() == 3
+        assert store.count_tool_calls("acme") == 2
+
+    def test_program_ends_are_idempotent(self, store: Store) -> None:
+        acme = make_tenant(store)
+        seq = store.append_program_end(acme, ProgramEnd("p1", 7, 3.0))
+        assert seq is not None
+        assert store.append_program_end(acme, ProgramEnd("p1", 9)) is None
+        (row,) = store.read_program_ends(0, 10)
+        assert (row.seq, row.tenant, row.end) == (seq, "acme", ProgramEnd("p1", 7, 3.0))
+
+    def test_snapshots_keep_the_newest(self, store: Store) -> None:
+        assert store.latest_snapshot("cachettl") is None
+        for i in range(SNAPSHOTS_KEPT + 2):
+            store.save_snapshot(SnapshotRecord("cachettl", i, i, float(i), bytes([i])))
+        store.save_snapshot(SnapshotRecord("continuum", 1, 1, 1.0, b"c"))
+        latest = store.latest_snapshot("cachettl")
+        assert latest is not None
+        assert (latest.tool_seq, latest.payload) == (SNAPSHOTS_KEPT + 1, bytes([3]))
+
+    def test_concurrent_writers_get_distinct_ordered_positions(self, store: Store) -> None:
+        acme = make_tenant(store)
+        results: list[AppendResult] = []
+
+        def write(worker: int) -> None:
+            for batch in range(5):
+                ids = [f"{worker}-{batch}-{i}" for i in range(10)]
+                results.append(store.append_tool_calls(acme, [call(e) for e in ids]))
+
+        threads = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seqs = [s for r in results for s in r.seqs]
+        assert len(seqs) == len(set(seqs)) == 200
+        assert [r.seq for r in store.read_tool_calls(0, 1000)] == sorted(seqs)
+
+
+class ClientWriter:
+    """The ingest half of ``Store`` through a real server and ``ControlPlaneClient``."""
+
+    def __init__(self, client: ControlPlaneClient) -> None:
+        self.client = client
+
+    def append_tool_calls(self, tenant: Tenant, calls: Sequence[ToolCall]) -> AppendResult:
+        reply = self.client.record_tool_calls(calls)
+        return AppendResult(tuple(range(reply.accepted)), reply.duplicates)
+
+    def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
+        new = self.client.record_program_end(end.program_id, end.total_turns, end.finished_at)
+        return 1 if new else None
+
+
+@pytest.fixture(params=["direct", "grpc"])
+def writer(request: pytest.FixtureRequest, store: Store) -> Iterator[tuple[object, Tenant]]:
+    plane = ControlPlane(store)
+    tenant, token = plane.create_tenant("acme")
+    if request.param == "direct":
+        yield store, tenant
+        return
+    with running(plane) as server, ControlPlaneClient(server.target, token) as client:
+        yield ClientWriter(client), tenant
+
+
+@pytest.mark.parametrize("db_url", BACKENDS, indirect=True)
+class TestIngestContract:
+    def test_repeats_are_counted_and_ignored(self, store: Store, writer) -> None:
+        w, tenant = writer
+        assert w.append_tool_calls(tenant, [call("a"), call("b"), call("a")]).duplicates == 1
+        result = w.append_tool_calls(tenant, [call("b", 9.0), call("c")])
+        assert (result.accepted, result.duplicates) == (1, 1)
+        rows = store.read_tool_calls(0, 10)
+        assert [(r.call.event_id, r.call.duration_s) for r in rows] == [
+            ("a", 1.0),
+            ("b", 1.0),
+            ("c", 1.0),
+        ]
+
+    def test_program_end_once(self, store: Store, writer) -> None:
+        w, tenant = writer
+        assert w.append_program_end(tenant, ProgramEnd("p", 4)) is not None
+        assert w.append_program_end(tenant, ProgramEnd("p", 4)) is None
+        assert [r.end.total_turns for r in store.read_program_ends(0, 10)] == [4]
