@@ -103,6 +103,7 @@ class Engine:
         self.running: list[Request] = []
         self.host = host
         self._seq = 0
+        self._waiting: dict[str, int] = {}
         self.preemptions = 0
         self.prompt_tokens = 0
         self.hit_tokens = 0
@@ -115,11 +116,13 @@ class Engine:
         return tokens // self.config.block_size
 
     def add(self, request: Request) -> None:
-        """A request arrives."""
+        """A request arrives (or returns after preemption)."""
         self.waiting.add(request)
+        self._waiting[request.program_id] = self._waiting.get(request.program_id, 0) + 1
 
-    def waiting_programs(self) -> set[str]:
-        return {r.program_id for r in self.waiting}
+    def waiting_programs(self) -> dict[str, int]:
+        """Programs with a waiting request (a live view: program id → count)."""
+        return self._waiting
 
     def idle(self) -> bool:
         return not self.running and not self.waiting
@@ -143,7 +146,7 @@ class Engine:
         victim.preempted = True
         victim.preemptions += 1
         self.preemptions += 1
-        self.waiting.add(victim)
+        self.add(victim)
 
     # -- one step ----------------------------------------------------------------------
     def schedule(self, now: float) -> tuple[list[tuple[Request, int]], int, bool]:
@@ -203,6 +206,11 @@ class Engine:
                     return reload_total, True
                 continue  # pins changed: look again
             self.waiting.pop()
+            left = self._waiting[request.program_id] - 1
+            if left:
+                self._waiting[request.program_id] = left
+            else:
+                del self._waiting[request.program_id]
             taken = self.host.take_pin(request, now) if pinned else 0
             if not pinned:
                 taken = self.pool.take_prefix(request.program_id, cached)

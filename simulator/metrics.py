@@ -14,7 +14,7 @@ from simulator.engine import EngineConfig
 from simulator.sim import RunResult, simulate
 from simulator.trace import Program
 
-__all__ = ["PolicyMetrics", "isolated_jct", "percentile", "summarise"]
+__all__ = ["PolicyMetrics", "isolated_jct", "isolated_metrics", "percentile", "summarise"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -88,5 +88,24 @@ def summarise(result: RunResult, isolated: dict[str, float]) -> PolicyMetrics:
         pinned_memory_share=result.pinned_block_seconds / (result.num_blocks * span),
         preemptions=result.preemptions,
         first_turn_wait_p90_s=percentile(waits, 90),
+        programs=len(jct),
+    )
+
+
+def isolated_metrics(programs: Sequence[Program], isolated: dict[str, float]) -> PolicyMetrics:
+    """The ``isolated`` row: every program alone (no queueing, no contention)."""
+    jct = [isolated[p.program_id] for p in programs]
+    return PolicyMetrics(
+        mean_jct_s=math.fsum(jct) / len(jct),
+        p50_jct_s=percentile(jct, 50),
+        p90_jct_s=percentile(jct, 90),
+        p99_jct_s=percentile(jct, 99),
+        mean_slowdown=1.0,
+        throughput_programs_per_s=math.nan,
+        throughput_tokens_per_s=math.nan,
+        prefix_hit_rate=math.nan,
+        pinned_memory_share=0.0,
+        preemptions=0,
+        first_turn_wait_p90_s=0.0,
         programs=len(jct),
     )

@@ -24,7 +24,7 @@ oracle               knows each tool's true duration, pins exactly when it pays
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Container
 from typing import Any, ClassVar
 
 from enginehook.pins import Pin
@@ -74,10 +74,10 @@ class SchedulingPolicy:
         self.models: Models | None = None
         self.profile = "llama3.1-8b-h100"
         self.offload = False
-        self.pinned_programs: Callable[[], Collection[str]] = frozenset
+        self.pinned_programs: Callable[[], Container[str]] = frozenset
         self.other_context: Callable[[], int] = lambda: 0
 
-    def bind(self, profile: str, offload: bool, pinned: Callable[[], Collection[str]]) -> None:
+    def bind(self, profile: str, offload: bool, pinned: Callable[[], Container[str]]) -> None:
         """Attach to one run (hardware profile, CPU tier or not, live pins)."""
         self.profile = profile
         self.offload = offload
@@ -125,12 +125,10 @@ def _register(cls: type[SchedulingPolicy]) -> type[SchedulingPolicy]:
 
 def get_scheduling_policy(name: str) -> SchedulingPolicy:
     """A fresh policy called ``name``; the error lists the valid names."""
-    if name == "isolated":
-        name = "vllm"
     try:
         return POLICIES[name]()
     except KeyError:
-        valid = ", ".join(sorted(POLICIES))
+        valid = ", ".join(sorted([*POLICIES, "isolated"]))
         raise ValueError(f"unknown policy {name!r}; valid: {valid}") from None
 
 
@@ -179,7 +177,7 @@ class _Pinning(SchedulingPolicy):
         super().__init__()
         self._ttl = get_policy(self.estimator_policy)
 
-    def bind(self, profile: str, offload: bool, pinned: Callable[[], Collection[str]]) -> None:
+    def bind(self, profile: str, offload: bool, pinned: Callable[[], Container[str]]) -> None:
         super().bind(profile, offload, pinned)
         self.models = self._ttl.new_models(profile)
         self.models.durations.signatures = SignatureRegistry(default=_auto_signature)

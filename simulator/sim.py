@@ -128,8 +128,8 @@ class Simulation:
         self._steps = 0
 
     # -- host interface used by the engine ---------------------------------------------
-    def _pinned_programs(self) -> set[str]:
-        return {p.program_id for p in self.pins}
+    def _pinned_programs(self) -> PinTable[PinHandle]:
+        return self.pins  # a collection of program ids (``in`` is a dict lookup)
 
     def _running_context(self) -> int:
         return sum(r.computed for r in self.engine.running)
