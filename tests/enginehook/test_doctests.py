@@ -15,6 +15,8 @@ MODULES = [
     "enginehook.detect",
     "enginehook.hints",
     "enginehook.decide",
+    "enginehook.config",
+    "enginehook.metrics",
 ]
 
 

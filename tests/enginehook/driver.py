@@ -1,0 +1,114 @@
+"""Drive a vLLM engine from tests: an injected clock, step-by-step request runs, start-up
+and shutdown of the engine."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BLOCK = 32
+
+
+class FakeClock:
+    """An injected clock for the scheduler (seconds)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Driver:
+    """Runs requests through an in-process engine one ``step()`` at a time."""
+
+    llm: Any
+    tokenizer: Any
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    finished_order: list[str] = field(default_factory=list)
+    steps: int = 0
+
+    @property
+    def engine(self) -> Any:
+        return self.llm.llm_engine
+
+    @property
+    def scheduler(self) -> Any:
+        return self.engine.engine_core.engine_core.scheduler
+
+    def words(self, n: int) -> list[int]:
+        from enginehook.tinymodel import random_words
+
+        ids: list[int] = self.tokenizer(random_words(self.rng, n))["input_ids"]
+        return ids
+
+    def add(
+        self,
+        rid: str,
+        ids: list[int],
+        max_tokens: int,
+        session: str | None = None,
+        xargs: dict[str, Any] | None = None,
+        salt: str | None = None,
+    ) -> None:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args=xargs
+        )
+        prompt: dict[str, Any] = {"prompt_token_ids": ids}
+        if salt:
+            prompt["cache_salt"] = salt
+        self.engine.add_request(rid, prompt, params, session_id=session)
+
+    def drain(self, max_steps: int = 2000) -> dict[str, Any]:
+        results: dict[str, Any] = {}
+        while self.engine.has_unfinished_requests():
+            self.steps += 1
+            assert self.steps < max_steps, "engine did not finish its requests"
+            for out in self.engine.step():
+                if out.finished:
+                    results[out.request_id] = out
+                    self.finished_order.append(out.request_id)
+        return results
+
+    def run(self, rid: str, ids: list[int], max_tokens: int, **kw: Any) -> Any:
+        self.add(rid, ids, max_tokens, **kw)
+        return self.drain()[rid]
+
+
+def make_llm(model: Path, hook_config: dict[str, Any] | None, **kw: Any) -> Any:
+    from vllm import LLM
+
+    args: dict[str, Any] = {
+        "model": str(model),
+        "dtype": "bfloat16",
+        "max_model_len": 2048,
+        "block_size": BLOCK,
+        "num_gpu_blocks_override": 96,
+        "enable_prefix_caching": True,
+        "max_num_seqs": 4,
+        "seed": 0,
+    }
+    if hook_config is not None:
+        args["scheduler_cls"] = "enginehook.scheduler.CacheTTLScheduler"
+        args["additional_config"] = {"cachettl": hook_config}
+    args.update(kw)
+    return LLM(**args)
+
+
+def shutdown(llm: Any) -> None:
+    """Stop an engine and free what it holds."""
+    import gc
+
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    finally:
+        del llm
+        gc.collect()

@@ -1,0 +1,165 @@
+"""The hook inside a real vLLM CPU engine (tiny random-weight Llama, 96 blocks of 32 tokens).
+
+One in-process engine for the module; the scheduler's clock is injected, so expiry is
+tested without sleeping. Other traffic between turns churns the small KV pool.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.enginehook.driver import BLOCK, Driver, FakeClock, make_llm, shutdown
+
+pytestmark = pytest.mark.slow
+
+HOOK = {
+    "policy": "fixed",
+    "policy_params": {"ttl_s": 30.0, "skip_slow_tools": False},
+    "budget_fraction": 0.5,
+    "pressure": "running",
+    "ttl_cap_s": 600.0,
+}
+
+
+@pytest.fixture(scope="module")
+def driver(
+    tiny_model: Path, inproc: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Driver]:
+    from transformers import AutoTokenizer
+
+    log = tmp_path_factory.mktemp("hook") / "events.jsonl"
+    llm = make_llm(tiny_model, {**HOOK, "event_log": str(log)})
+    drv = Driver(llm, AutoTokenizer.from_pretrained(str(tiny_model)))
+    drv.log_path = log  # type: ignore[attr-defined]
+    yield drv
+    shutdown(llm)
+
+
+@pytest.fixture
+def clock(driver: Driver) -> Iterator[FakeClock]:
+    """A fresh injected clock and an empty prefix cache for each test."""
+    fake = FakeClock()
+    driver.scheduler.clock = fake
+    yield fake
+    assert driver.scheduler.reset_prefix_cache()
+    assert len(driver.scheduler.pins) == 0
+
+
+def _events(driver: Driver) -> list[dict[str, Any]]:
+    path: Path = driver.log_path  # type: ignore[attr-defined]
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _churn(driver: Driver, n: int = 6, words: int = 700) -> None:
+    for i in range(n):
+        driver.add(f"filler-{driver.rng.random()}-{i}", driver.words(words), 8)
+    driver.drain()
+
+
+def test_pinned_prefix_survives_churn_and_output_equals_recompute(driver, clock):
+    a1 = driver.words(600)
+    out1 = driver.run("A-1", a1, 32, session="A", xargs={"tool": "bash"})
+    assert "A" in driver.scheduler.pins
+    pinned_blocks = driver.scheduler.pins.get("A").blocks
+    assert pinned_blocks == (600 + 32) // BLOCK
+    clock.advance(2.0)
+    _churn(driver)
+    clock.advance(0.5)
+    a2 = a1 + list(out1.outputs[0].token_ids) + driver.words(100)
+    out2 = driver.run("A-2", a2, 16, session="A", xargs={"last_turn": 1})
+    assert out2.num_cached_tokens == pinned_blocks * BLOCK
+    ref = driver.run("A-2-ref", a2, 16, salt="full-recompute")
+    assert ref.num_cached_tokens == 0
+    assert list(out2.outputs[0].token_ids) == list(ref.outputs[0].token_ids)
+    assert "A" not in driver.scheduler.pins
+    events = [e for e in _events(driver) if e["program_id"] == "A"]
+    tool_call = next(e for e in events if e["kind"] == "tool_call")
+    assert tool_call["tool_name"] == "bash"
+    assert tool_call["outcome"] == "hit"
+    assert tool_call["duration_s"] == pytest.approx(2.5)
+    end = next(e for e in events if e["kind"] == "program_end")
+    assert end["total_turns"] == 2
+
+
+def test_pin_expires_on_time(driver, clock):
+    driver.run("B-1", driver.words(300), 8, session="B", xargs={"tool": "bash", "pin_ttl_s": 5})
+    pin = driver.scheduler.pins.get("B")
+    assert pin is not None
+    assert pin.expires_at == pytest.approx(clock.now + 5.0)
+    clock.advance(4.9)
+    driver.run("tick-1", driver.words(20), 1)
+    assert "B" in driver.scheduler.pins
+    clock.advance(0.2)
+    driver.run("tick-2", driver.words(20), 1)
+    assert "B" not in driver.scheduler.pins
+    assert driver.scheduler.metrics.snapshot()["expiries"] >= 1
+    driver.run("B-2", driver.words(50), 4, session="B", xargs={"last_turn": 1})
+    event = [e for e in _events(driver) if e["program_id"] == "B" and e["kind"] == "tool_call"]
+    assert event[-1]["outcome"] == "expired"
+    assert event[-1]["ttl_s"] == 5.0
+
+
+def test_overdue_pin_kept_while_next_turn_waits(driver, clock):
+    c1 = driver.words(300)
+    out1 = driver.run("C-1", c1, 8, session="C", xargs={"tool": "bash", "pin_ttl_s": 1})
+    hits = driver.scheduler.metrics.snapshot()["pinned_prefix_hits"]
+    clock.advance(3.0)  # past the TTL, but C's next turn arrives before any step
+    c2 = c1 + list(out1.outputs[0].token_ids) + driver.words(10)
+    driver.add("C-2", c2, 4, session="C", xargs={"last_turn": 1})
+    out = driver.drain()["C-2"]
+    assert out.num_cached_tokens == (300 + 8) // BLOCK * BLOCK
+    assert driver.scheduler.metrics.snapshot()["pinned_prefix_hits"] == hits + 1
+
+
+def test_pressure_releases_pins_without_stall_or_preemption(driver, clock):
+    sched = driver.scheduler
+    preemptions: list[str] = []
+    original = sched._preempt_request
+
+    def counting(request: Any, *args: Any, **kwargs: Any) -> Any:
+        preemptions.append(request.request_id)
+        return original(request, *args, **kwargs)
+
+    sched._preempt_request = counting
+    try:
+        for name in ("P", "Q"):
+            driver.run(f"{name}-1", driver.words(600), 32, session=name, xargs={"tool": "bash"})
+            clock.advance(1.0)
+        assert sched.pins.pinned_blocks == 2 * ((600 + 32) // BLOCK)
+        before = sched.metrics.snapshot()["pressure_releases"]
+        steps = driver.steps
+        big = driver.run("big", driver.words(1900), 4)
+        assert big.outputs[0].token_ids
+        assert driver.steps - steps < 40
+        assert sched.metrics.snapshot()["pressure_releases"] == before + 1
+        assert "P" not in sched.pins  # earliest expiry, equal expected loss
+        assert "Q" in sched.pins
+        assert preemptions == []
+    finally:
+        sched._preempt_request = original
+
+
+def test_waiting_order_follows_the_priority_key(driver, clock):
+    sched = driver.scheduler
+    driver.run("Old-1", driver.words(50), 2, session="Old", xargs={"tool": "bash", "pin": 0})
+    clock.advance(1.0)
+    driver.run("Y-1", driver.words(50), 2, session="Y", xargs={"tool": "bash"})
+    assert "Y" in sched.pins
+    assert "Old" not in sched.pins
+    saved = sched.max_num_running_reqs, sched.max_num_active_reqs
+    sched.max_num_running_reqs = sched.max_num_active_reqs = 1
+    try:
+        driver.finished_order.clear()
+        driver.add("X", driver.words(50), 2, session="X", xargs={"tool": "bash"})
+        driver.add("W", driver.words(50), 2)
+        driver.add("Y-2", driver.words(50), 2, session="Y", xargs={"last_turn": 1})
+        driver.add("Old-2", driver.words(50), 2, session="Old", xargs={"last_turn": 1})
+        driver.drain()
+    finally:
+        sched.max_num_running_reqs, sched.max_num_active_reqs = saved
+    assert driver.finished_order == ["Y-2", "Old-2", "X", "W"]

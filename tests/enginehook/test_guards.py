@@ -1,0 +1,55 @@
+"""Start-up guards: untested vLLM versions and unsupported KV layouts are refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from enginehook.config import HookConfig
+
+vllm = pytest.importorskip("vllm")
+
+
+def test_tested_version_passes_and_others_are_refused_by_name():
+    from enginehook.compat import TESTED_VERSIONS, check_vllm, compat_problems
+
+    assert compat_problems() == []
+    check_vllm()
+    with pytest.raises(RuntimeError, match=r"vLLM 0\.31\.0 is not a tested version.*0\.32\.0"):
+        check_vllm("0.31.0")
+    assert vllm.__version__ in TESTED_VERSIONS
+
+
+def _config(*specs: Any) -> Any:
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    groups = [KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)]
+    return KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def test_kv_layout_guard():
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    from enginehook.compat import check_kv_layout
+
+    full = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=64, dtype=torch.bfloat16)
+    window = SlidingWindowSpec(
+        block_size=32, num_kv_heads=4, head_size=64, dtype=torch.bfloat16, sliding_window=128
+    )
+    check_kv_layout(_config(full))
+    with pytest.raises(RuntimeError, match="SlidingWindowSpec"):
+        check_kv_layout(_config(window))
+    with pytest.raises(RuntimeError, match="hybrid"):
+        check_kv_layout(_config(full, window))
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="budget_fraction"):
+        HookConfig.from_additional({"cachettl": {"budget_fraction": 2}})
+    with pytest.raises(ValueError, match="pressure must be one of"):
+        HookConfig.from_additional({"cachettl": {"pressure": "soft"}})
+    with pytest.raises(ValueError, match="unknown key 'ttl'"):
+        HookConfig.from_additional({"cachettl": {"ttl": 1}})
+    assert HookConfig.from_additional(None) == HookConfig()
