@@ -13,26 +13,18 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from controlplane._gen.cachettl.v1 import (
-    events_pb2,
-    events_pb2_grpc,
-    inspect_pb2_grpc,
-    model_pb2_grpc,
-    ttl_pb2_grpc,
-)
+from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
 from controlplane.metrics import Metrics
 from controlplane.records import LIMITS, Limits
 from controlplane.service import ControlPlane
-from controlplane.servicer import Servicer
+from controlplane.servicer import Servicer, generic_handlers
 
 __all__ = ["SERVICE_NAMES", "ControlPlaneServer", "ServerOptions", "TlsFiles", "serve"]
 
@@ -75,13 +67,7 @@ class ServerOptions:
     metrics_listen: str | None = None
 
 
-#: The generated registration functions (untyped, hence the annotation).
-_ADDERS: tuple[Callable[[Any, Any], None], ...] = (
-    events_pb2_grpc.add_ToolEventServiceServicer_to_server,
-    ttl_pb2_grpc.add_TtlServiceServicer_to_server,
-    inspect_pb2_grpc.add_InspectServiceServicer_to_server,
-    model_pb2_grpc.add_ModelServiceServicer_to_server,
-)
+_FILES = (events_pb2.DESCRIPTOR, ttl_pb2.DESCRIPTOR, inspect_pb2.DESCRIPTOR, model_pb2.DESCRIPTOR)
 
 
 class ControlPlaneServer:
@@ -100,8 +86,7 @@ class ControlPlaneServer:
         o = self.options
         server = grpc.aio.server(maximum_concurrent_rpcs=o.max_concurrent_rpcs)
         servicer = Servicer(self.plane, self.metrics, o.limits, o.watch_interval_s)
-        for add in _ADDERS:
-            add(servicer, server)
+        server.add_generic_rpc_handlers(generic_handlers(servicer, _FILES))
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         self._health = health_servicer

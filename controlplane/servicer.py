@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.descriptor import FileDescriptor
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
 
 from controlplane import inspection, validation
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
@@ -25,10 +28,56 @@ from controlplane.records import LIMITS, Limits, Tenant
 from controlplane.service import ControlPlane
 from controlplane.state import PinCounts
 
-__all__ = ["Servicer"]
+__all__ = ["Malformed", "Servicer", "generic_handlers"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+
+
+class Malformed:
+    """Stands for a request whose bytes did not parse (answered INVALID_ARGUMENT)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __str__(self) -> str:
+        return str(self.error)
+
+
+def _parser(cls: type[Message]) -> Callable[[bytes], object]:
+    def parse(data: bytes) -> object:
+        try:
+            return cls.FromString(data)
+        except DecodeError as error:
+            return Malformed(error)
+
+    return parse
+
+
+def generic_handlers(servicer: Servicer, files: Sequence[FileDescriptor]) -> list[Any]:
+    """One generic handler per service of ``files``, bound to ``servicer``'s methods.
+
+    Requests are parsed here rather than by gRPC so that corrupt bytes are answered
+    INVALID_ARGUMENT (gRPC's own parser would answer INTERNAL).
+    """
+    handlers = []
+    for file in files:
+        for service in file.services_by_name.values():
+            methods = {}
+            for m in service.methods:
+                response = GetMessageClass(m.output_type).SerializeToString
+                make = (
+                    grpc.unary_stream_rpc_method_handler
+                    if m.server_streaming
+                    else grpc.unary_unary_rpc_method_handler
+                )
+                methods[m.name] = make(
+                    getattr(servicer, m.name),
+                    request_deserializer=_parser(GetMessageClass(m.input_type)),
+                    response_serializer=response,
+                )
+            handlers.append(grpc.method_handlers_generic_handler(service.full_name, methods))
+    return handlers
 
 
 def _duration(seconds: float) -> Duration:
@@ -92,6 +141,7 @@ class Servicer:
     async def _call(
         self,
         method: str,
+        request: object,
         context: grpc.aio.ServicerContext,
         body: Callable[[Tenant], Awaitable[R]],
     ) -> R:
@@ -99,6 +149,8 @@ class Servicer:
         code = grpc.StatusCode.OK
         try:
             tenant = await self._tenant(context)
+            if isinstance(request, Malformed):
+                raise InvalidInputError("request", f"malformed protobuf message: {request}")
             return await body(tenant)
         except InvalidInputError as error:
             code = grpc.StatusCode.INVALID_ARGUMENT
@@ -132,7 +184,7 @@ class Servicer:
                 model_version=self.plane.version,
             )
 
-        return await self._call("RecordToolCalls", context, body)
+        return await self._call("RecordToolCalls", request, context, body)
 
     async def RecordProgramEnd(  # noqa: N802
         self, request: events_pb2.RecordProgramEndRequest, context: grpc.aio.ServicerContext
@@ -144,7 +196,7 @@ class Servicer:
                 duplicate=seq is None, model_version=self.plane.version
             )
 
-        return await self._call("RecordProgramEnd", context, body)
+        return await self._call("RecordProgramEnd", request, context, body)
 
     # -- TtlService -------------------------------------------------------------------
 
@@ -165,7 +217,7 @@ class Servicer:
                 benefit=_duration(decision.benefit_s),
             )
 
-        return await self._call("DecideTtl", context, body)
+        return await self._call("DecideTtl", request, context, body)
 
     # -- InspectService ---------------------------------------------------------------
 
@@ -190,7 +242,7 @@ class Servicer:
             ]
             return inspect_pb2.ListToolsResponse(tools=tools, model_version=self.plane.version)
 
-        return await self._call("ListTools", context, body)
+        return await self._call("ListTools", request, context, body)
 
     async def GetToolDistribution(  # noqa: N802
         self, request: inspect_pb2.GetToolDistributionRequest, context: grpc.aio.ServicerContext
@@ -205,7 +257,7 @@ class Servicer:
             assert view is not None
             return _distribution(view, self.plane.version)
 
-        return await self._call("GetToolDistribution", context, body)
+        return await self._call("GetToolDistribution", request, context, body)
 
     async def GetWorkloadStats(  # noqa: N802
         self, request: inspect_pb2.GetWorkloadStatsRequest, context: grpc.aio.ServicerContext
@@ -223,7 +275,7 @@ class Servicer:
                 model_version=self.plane.version,
             )
 
-        return await self._call("GetWorkloadStats", context, body)
+        return await self._call("GetWorkloadStats", request, context, body)
 
     # -- ModelService -----------------------------------------------------------------
 
@@ -234,7 +286,8 @@ class Servicer:
             validation.check_known("request", request)
             return tenant
 
-        tenant = await self._call("WatchSnapshots", context, body)
+        tenant = await self._call("WatchSnapshots", request, context, body)
+        await context.send_initial_metadata(())  # tells the client the stream is open
         after = request.after_version
         while True:
             if self.plane.version > after:
