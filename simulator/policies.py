@@ -102,6 +102,22 @@ class SchedulingPolicy:
         return []
 
     # Learning hooks (only models-backed policies use them).
+    def observe_return(
+        self, program_id: str, turn: int, tool: str, args: str | None, duration: float, tenant: str
+    ) -> None:
+        """Turn ``turn + 1`` arrived: the tool ``turn`` called took ``duration`` (server
+        side: this arrival − that turn's finish)."""
+        self.observe_tool(tool, args, duration, tenant)
+
+    def observe_admission(
+        self, program_id: str, delay: float, outcome: str, ttl_s: float, tenant: str
+    ) -> None:
+        """A returning turn was admitted ``delay`` after arriving; ``outcome`` is what
+        happened to its program's pin (``hit``, ``ttl``, ``pressure``, ``not_pinned`` …).
+        Delays of turns whose cache had been released feed T."""
+        if outcome != "hit":
+            self.observe_queue_delay(delay, tenant)
+
     def observe_tool(self, tool: str, args: str | None, duration: float, tenant: str) -> None:
         pass
 

@@ -61,6 +61,8 @@ class _State:
     context: int = 0
     finished_at: float = 0.0
     first_wait: float = math.nan
+    ttl_s: float = 0.0
+    outcome: str = "not_pinned"
 
 
 class _Arrival(Event):
@@ -123,6 +125,7 @@ class Simulation:
         self.on_program_end = on_program_end
         self.results: list[ProgramResult] = []
         self.pin_outcomes: dict[str, int] = {}
+        self._states: dict[str, _State] = {}
         self._stepping = False
         self._pinned_integral = 0.0
         self._steps = 0
@@ -144,7 +147,6 @@ class Simulation:
             return 0
         given = min(pin.handle[0], (request.prompt_tokens - 1) // self.config.block_size)
         self.engine.pool.release(request.program_id, pin.blocks - given, 0)
-        request.extra["pin_hit"] = True
         return given
 
     def release_pins(self, needed: int, request: Request, now: float, running: bool) -> bool:
@@ -166,6 +168,9 @@ class Simulation:
 
     def _on_pin_release(self, pin: Pin[PinHandle], reason: ReleaseReason) -> None:
         self.pin_outcomes[reason.value] = self.pin_outcomes.get(reason.value, 0) + 1
+        state = self._states.get(pin.program_id)
+        if state is not None:
+            state.outcome = reason.value
         if reason is not ReleaseReason.HIT and pin.handle is not None:
             self.engine.pool.release(pin.program_id, pin.blocks, pin.handle[0])
 
@@ -176,8 +181,14 @@ class Simulation:
         state: _State = request.extra["state"]
         if request.turn == 0:
             state.first_wait = now - request.arrival
-        elif not request.extra.get("pin_hit"):
-            self.policy.observe_queue_delay(now - request.arrival, state.program.tenant)
+        else:
+            self.policy.observe_admission(
+                state.program.program_id,
+                now - request.arrival,
+                state.outcome,
+                state.ttl_s,
+                state.program.tenant,
+            )
 
     def on_finish(self, request: Request, now: float) -> None:
         state: _State = request.extra["state"]
@@ -197,6 +208,7 @@ class Simulation:
 
     def _pin_or_release(self, request: Request, state: _State, now: float) -> None:
         turn = state.program.turns[request.turn]
+        state.ttl_s, state.outcome = 0.0, "not_pinned"
         if not self.policy.uses_pins or turn.tool is None:
             self.engine.finish_release(request)
             return
@@ -222,6 +234,7 @@ class Simulation:
             handle=(full, state.program.arrival_s),
         )
         if result.pinned:
+            state.ttl_s, state.outcome = result.ttl_s, "pinned"
             request.blocks = 0
             self.engine.waiting.mark_dirty()
         else:
@@ -250,8 +263,13 @@ class Simulation:
         if k > 0:
             previous = program.turns[k - 1]
             assert previous.tool is not None
-            self.policy.observe_tool(
-                previous.tool, previous.tool_args, now - state.finished_at, program.tenant
+            self.policy.observe_return(
+                program.program_id,
+                k - 1,
+                previous.tool,
+                previous.tool_args,
+                now - state.finished_at,
+                program.tenant,
             )
         request = Request(
             f"{program.program_id}#{k}",
@@ -340,7 +358,8 @@ class Simulation:
     # -- running -----------------------------------------------------------------------
     def run(self) -> RunResult:
         for program in self.programs:
-            self.loop.schedule(_Arrival(program.arrival_s, self, _State(program)))
+            state = self._states[program.program_id] = _State(program)
+            self.loop.schedule(_Arrival(program.arrival_s, self, state))
         self.loop.run()
         first = min((p.arrival_s for p in self.programs), default=0.0)
         end = max((r.finish_s for r in self.results), default=first)
