@@ -1,0 +1,98 @@
+"""Scheduling policies: registry, waiting order, TTL rules, online learning."""
+
+import pytest
+
+from estimator import RequestFacts
+from simulator.engine import EngineConfig, Request
+from simulator.policies import POLICIES, get_scheduling_policy, paper_tool_key
+from simulator.sim import Simulation
+from simulator.workloads import generate
+
+HW = "llama3.1-8b-h100"
+
+
+def _request(pid: str, arrival: float, program_arrival: float, preempted: bool = False) -> Request:
+    r = Request(f"{pid}#x", pid, 1, arrival, program_arrival, 100, 10)
+    r.preempted = preempted
+    return r
+
+
+def test_registry_names_and_error():
+    assert {
+        "vllm",
+        "autellix",
+        "infercept",
+        "continuum-preview",
+        "continuum",
+        "cachettl",
+        "oracle",
+        "program-fcfs",
+        "static-ttl",
+    } <= set(POLICIES)
+    with pytest.raises(ValueError, match="unknown policy 'lifo'; valid: autellix, cachettl"):
+        get_scheduling_policy("lifo")
+
+
+def test_vllm_is_request_fcfs_and_continuum_is_program_fcfs_with_pins_first():
+    old = _request("old", arrival=10.0, program_arrival=0.0)
+    new = _request("new", arrival=5.0, program_arrival=4.0)
+    pinned = _request("pinned", arrival=11.0, program_arrival=6.0)
+    preempted = _request("pre", arrival=12.0, program_arrival=9.0, preempted=True)
+    vllm = get_scheduling_policy("vllm")
+    order = sorted([old, new, pinned, preempted], key=vllm.key)
+    assert [r.program_id for r in order] == ["pre", "new", "old", "pinned"]
+    continuum = get_scheduling_policy("continuum")
+    continuum.bind(HW, False, lambda: {"pinned"})
+    order = sorted([old, new, pinned, preempted], key=continuum.key)
+    assert [r.program_id for r in order] == ["pre", "pinned", "old", "new"]
+    preview = get_scheduling_policy("continuum-preview")
+    preview.bind(HW, False, lambda: {"pinned"})
+    order = sorted([old, new, pinned, preempted], key=preview.key)
+    assert [r.program_id for r in order] == ["pinned", "old", "new", "pre"]
+
+
+def test_autellix_serves_least_attained_service_first():
+    policy = get_scheduling_policy("autellix")
+    policy.observe_service("busy", 5.0)
+    busy = _request("busy", arrival=1.0, program_arrival=0.0)
+    fresh = _request("fresh", arrival=2.0, program_arrival=2.0)
+    assert sorted([busy, fresh], key=policy.key)[0] is fresh
+
+
+def test_infercept_ttl_is_the_discard_waste_break_even():
+    policy = get_scheduling_policy("infercept")
+    policy.bind(HW, False, frozenset)
+    policy.other_context = lambda: 30_000
+    facts = RequestFacts("bash", "ls", context_tokens=10_000)
+    assert policy.models is not None
+    forward = policy.models.cost.prefill_s(10_000)
+    assert policy.decide(facts, 1.0, 0.0).ttl_s == pytest.approx(forward * 4.0)
+
+
+def test_oracle_pins_exactly_when_it_pays():
+    policy = get_scheduling_policy("oracle")
+    policy.bind(HW, False, frozenset)
+    facts = RequestFacts("bash", "ls", context_tokens=60_000)
+    assert policy.decide(facts, 0.1, 0.0).ttl_s == pytest.approx(0.1, abs=1e-5)
+    assert policy.decide(facts, 600.0, 0.0).ttl_s == 0.0
+
+
+def test_paper_tool_key():
+    assert paper_tool_key("bash", "/usr/bin/python x.py") == "python"
+    assert paper_tool_key("bash", "") == "bash"
+    assert paper_tool_key("web_search", '{"query": "x"}') == "web_search"
+
+
+def test_continuum_learns_durations_eta_and_queue_delay_online():
+    programs = generate("swe", 60, rate=0.3, seed=2)
+    policy = get_scheduling_policy("continuum")
+    Simulation(programs, policy, HW, EngineConfig(kv_tokens=300_000)).run()
+    models = policy.models
+    assert models is not None
+    stats = models.workload("default")
+    assert stats.eta.n_programs == 60
+    assert 0.5 < stats.eta.get() <= 1.0  # near-fixed turn counts: memoryful
+    assert stats.queue.n_samples > 0
+    calls = sum(len(p.turns) - 1 for p in programs)
+    assert models.durations.tenant_samples("default") == calls
+    assert "cd" in models.durations.tools("default")  # keyed by the command's first word
