@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from importlib import resources
-
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, inspect
 
+from controlplane._resources import data_dir
 from controlplane.errors import SchemaOutOfDateError
 from controlplane.schema import HEAD_REVISION
 
@@ -17,7 +16,7 @@ __all__ = ["check_schema", "current_revision", "upgrade"]
 
 def _config(connection: object) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(resources.files("controlplane.migrations")))
+    config.set_main_option("script_location", str(data_dir("migrations")))
     config.attributes["connection"] = connection
     return config
 

@@ -1,1 +1,0 @@
-"""Frozen schema revisions, oldest first."""
