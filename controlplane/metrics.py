@@ -56,5 +56,12 @@ class Metrics:
 
     def serve(self, host: str, port: int) -> int:
         """Expose ``/metrics`` over HTTP; returns the bound port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return int(server.server_port)
+        self._http, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._http.server_port)
+
+    def stop(self) -> None:
+        """Stop the HTTP endpoint, if one was started."""
+        http = getattr(self, "_http", None)
+        if http is not None:
+            http.shutdown()
+            http.server_close()

@@ -141,6 +141,7 @@ class ControlPlaneServer:
         if self._server is not None:
             await self._health.enter_graceful_shutdown()
             await self._server.stop(self.options.grace_s if grace_s is None else grace_s)
+        self.metrics.stop()
         try:
             await asyncio.to_thread(self.plane.write_snapshot)
         except Exception:
