@@ -16,6 +16,7 @@ MODULES = [
     "enginehook.hints",
     "enginehook.decide",
     "enginehook.config",
+    "enginehook.snapshot",
     "enginehook.metrics",
 ]
 

@@ -1,0 +1,185 @@
+"""Event delivery to a real control plane (in-process gRPC server, SQLite store): batches,
+spill beyond the memory bound, the control plane down and back, snapshots in."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from controlplane.server import ServerOptions
+from controlplane.service import ControlPlane
+from controlplane.store import create_store
+from enginehook.cplink import ControlPlaneLink, EventBuffer, GrpcTransport
+from enginehook.decide import TtlDecider
+from enginehook.tracker import ProgramEndEvent, ToolCallEvent
+from tests.controlplane.conftest import ServerThread
+
+
+def _call(i: int, program: str = "p") -> ToolCallEvent:
+    return ToolCallEvent(
+        f"eng:{program}:{i}",
+        program,
+        "default",
+        "bash",
+        "ls -la",
+        0.1 + i * 0.01,
+        1000.0 + i,
+        i,
+        2.0,
+        "hit",
+        0.01,
+        "cold-start",
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+class Plane:
+    """A control plane on a fixed port that can be stopped and started again."""
+
+    def __init__(self, db: str, port: int) -> None:
+        self.db, self.port = db, port
+        self.store = create_store(db)
+        self.token = ControlPlane(self.store).create_tenant("engine")[1]
+        self.server: ServerThread | None = None
+
+    def start(self) -> None:
+        plane = ControlPlane(self.store, "continuum", min_samples=3)
+        opts = ServerOptions(
+            listen=f"127.0.0.1:{self.port}", watch_interval_s=0.2, tail_interval_s=0.1
+        )
+        self.server = ServerThread(plane, opts)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def stored(self) -> int:
+        return self.store.count_tool_calls()
+
+    def ends(self) -> int:
+        return len(self.store.read_program_ends(0, 1000))
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[Plane]:
+    p = Plane(f"sqlite:///{tmp_path / 'cp.sqlite3'}", _free_port())
+    yield p
+    p.stop()
+    p.store.close()
+
+
+def _link(
+    plane: Plane, spill: Path, decider: TtlDecider | None = None, memory: int = 5
+) -> ControlPlaneLink:
+    transport = GrpcTransport(f"127.0.0.1:{plane.port}", plane.token, timeout_s=2.0)
+    return ControlPlaneLink(
+        transport,
+        EventBuffer(spill, memory_events=5, segment_events=4),
+        decider,
+        batch_events=7,
+        flush_interval_s=0.05,
+        max_backoff_s=0.3,
+    )
+
+
+def test_buffer_spills_past_the_memory_bound_and_survives_a_restart(tmp_path):
+    buf = EventBuffer(tmp_path, memory_events=3, segment_events=2)
+    for i in range(8):
+        buf.put(_call(i))
+    assert buf.in_memory == 3
+    assert len(buf) == 8
+    assert len(list(tmp_path.glob("spill-*.jsonl"))) == 3
+    assert [e.event_id for e in buf.peek(10)] == ["eng:p:0", "eng:p:1", "eng:p:2"]
+    buf.drop(3)
+    assert [e.turn_index for e in buf.peek(10)] == [3, 4]
+    buf.put(ProgramEndEvent("eng:p:end", "p", "default", 9, 5.0))
+    assert buf.spill_all() == 2
+    again = EventBuffer(tmp_path, memory_events=3, segment_events=2)
+    assert len(again) == 6
+    seen = []
+    while len(again):
+        batch = again.peek(10)
+        seen += [e.event_id for e in batch]
+        again.drop(len(batch))
+    assert sorted(seen) == [f"eng:p:{i}" for i in range(3, 8)] + ["eng:p:end"]
+    assert list(tmp_path.glob("spill-*.jsonl")) == []
+
+
+def test_events_delivered_in_batches_once(plane, tmp_path):
+    plane.start()
+    link = _link(plane, tmp_path / "spill")
+    try:
+        for i in range(20):
+            link.submit(_call(i))
+        link.submit(ProgramEndEvent("eng:p:end", "p", "default", 21, 1100.0))
+        assert link.flush(20.0)
+        assert plane.stored() == 20
+        assert plane.ends() == 1
+        link.submit(_call(3))  # a repeat (as after a lost acknowledgement)
+        assert link.flush(20.0)
+        assert plane.stored() == 20
+    finally:
+        link.close()
+
+
+def test_control_plane_down_then_back_no_loss_no_duplicates(plane, tmp_path):
+    link = _link(plane, tmp_path / "spill")
+    try:
+        for i in range(30):
+            link.submit(_call(i))
+        assert _wait(lambda: link.failures >= 2)
+        assert len(link.buffer) == 30
+        assert list((tmp_path / "spill").glob("spill-*.jsonl"))
+        plane.start()
+        assert link.flush(30.0)
+        assert plane.stored() == 30
+        plane.stop()  # killed mid-run: later events wait for it
+        for i in range(30, 45):
+            link.submit(_call(i))
+        link.submit(ProgramEndEvent("eng:p:end", "p", "default", 46, 2000.0))
+        assert not link.flush(0.5)
+        plane.start()
+        assert link.flush(30.0)
+        assert plane.stored() == 45
+        assert plane.ends() == 1
+        assert link.rejected == 0
+    finally:
+        link.close()
+
+
+def test_snapshots_replace_the_local_models(plane, tmp_path):
+    plane.start()
+    decider = TtlDecider("continuum", min_samples=1000)
+    link = _link(plane, tmp_path / "spill", decider)
+    try:
+        for i in range(10):
+            link.submit(_call(i))
+        assert link.flush(20.0)
+        assert _wait(lambda: link.snapshots >= 1 and decider.snapshot_version != "")
+        assert _wait(lambda: decider.models.durations.lookup("bash", "ls").level is not None)
+        decision = decider.decide(
+            tool="bash", tool_args="ls", context_tokens=1000, turns_served=1, reload_cost_s=1.0
+        )
+        assert decision.basis in ("invocation", "tool")
+        assert decision.ttl_s > 0
+    finally:
+        link.close()
