@@ -110,7 +110,7 @@ def test_buffer_spills_past_the_memory_bound_and_survives_a_restart(tmp_path):
     assert len(list(tmp_path.glob("spill-*.jsonl"))) == 3
     assert [e.event_id for e in buf.peek(10)] == ["eng:p:0", "eng:p:1", "eng:p:2"]
     buf.drop(3)
-    assert [e.turn_index for e in buf.peek(10)] == [3, 4]
+    assert [e.event_id for e in buf.peek(10)] == ["eng:p:3", "eng:p:4"]
     buf.put(ProgramEndEvent("eng:p:end", "p", "default", 9, 5.0))
     assert buf.spill_all() == 2
     again = EventBuffer(tmp_path, memory_events=3, segment_events=2)
