@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from controlplane import inspection
@@ -148,8 +149,13 @@ class ControlPlane:
         result = self.store.append_tool_calls(tenant, calls)
         with self._lock:
             seqs = result.seqs
-            in_order = seqs and seqs[0] == self.state.tool_seq + 1
-            if in_order and result.duplicates == 0 and seqs[-1] - seqs[0] == len(seqs) - 1:
+            in_order = (
+                result.duplicates == 0
+                and bool(seqs)
+                and seqs[0] == self.state.tool_seq + 1
+                and all(b == a + 1 for a, b in pairwise(seqs))
+            )
+            if in_order:  # nobody wrote in between: learn the batch as sent
                 rows = [
                     StoredToolCall(s, tenant.name, tenant.share, c)
                     for s, c in zip(seqs, calls, strict=True)

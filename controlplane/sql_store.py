@@ -55,7 +55,13 @@ def make_engine(url: str) -> Engine:
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=8)
+        return create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=8,
+            max_overflow=8,
+            connect_args={"prepare_threshold": None},
+        )
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
@@ -123,9 +129,35 @@ _SQLITE_STORED_IDS = (
     "AND event_id IN (SELECT value FROM json_each(?))"
 )
 
-_PG_STORED_IDS = (
-    "SELECT event_id FROM tool_events WHERE tenant_id = %(tenant)s AND event_id = ANY(%(ids)s)"
+_ARRAY_COLUMNS = {
+    "event_id": "VARCHAR",
+    "program_id": "VARCHAR",
+    "tool_name": "VARCHAR",
+    "tool_args": "TEXT",
+    "duration_s": "FLOAT8",
+    "finished_at": "FLOAT8",
+    "turn_index": "INTEGER",
+    "chosen_ttl_s": "FLOAT8",
+    "pin_outcome": "SMALLINT",
+    "admission_delay_s": "FLOAT8",
+}
+_PG_INSERT = (
+    f"INSERT INTO tool_events (tenant_id, shared, received_at, {', '.join(_ARRAY_COLUMNS)}) "
+    "SELECT %(tenant)s, %(shared)s, %(now)s, * FROM unnest("
+    + ", ".join(f"CAST(%({k})s AS {t}[])" for k, t in _ARRAY_COLUMNS.items())
+    + ") ON CONFLICT (tenant_id, event_id) DO NOTHING RETURNING event_id, seq"
 )
+
+
+def _first_occurrences(calls: Sequence[ToolCall]) -> list[ToolCall]:
+    """The calls in order, without later repeats of an ``event_id``."""
+    seen: set[str] = set()
+    unique = []
+    for call in calls:
+        if call.event_id not in seen:
+            seen.add(call.event_id)
+            unique.append(call)
+    return unique
 
 
 def _tenant(row: Any) -> Tenant:
@@ -213,33 +245,41 @@ class SqlStore(Store):
         if not calls:
             return AppendResult((), 0)
         now = time.time()
+        unique = _first_occurrences(calls)
         with transaction(self.engine, write=True) as c:
-            seen = self._stored_ids(c, tenant, calls)
-            rows = []
-            for call in calls:
-                if call.event_id not in seen:
-                    seen.add(call.event_id)
-                    rows.append(_call_row(tenant, call, now))
-            seqs = self._insert_calls(c, rows) if rows else []
+            if self.engine.dialect.name == "sqlite":
+                seqs = self._append_sqlite(c, tenant, unique, now)
+            else:
+                seqs = self._append_postgres(c, tenant, unique, now)
         return AppendResult(tuple(seqs), len(calls) - len(seqs))
 
-    def _stored_ids(self, c: Connection, tenant: Tenant, calls: Sequence[ToolCall]) -> set[str]:
-        ids = list({call.event_id for call in calls})
-        if self.engine.dialect.name == "sqlite":  # one JSON parameter, not one per id
-            found = c.exec_driver_sql(_SQLITE_STORED_IDS, (tenant.id, json.dumps(ids)))
-            return {row[0] for row in found}
-        found = c.exec_driver_sql(_PG_STORED_IDS, {"tenant": tenant.id, "ids": ids})
-        return {row[0] for row in found}
+    @staticmethod
+    def _append_sqlite(
+        c: Connection, tenant: Tenant, calls: list[ToolCall], now: float
+    ) -> list[int]:
+        ids = json.dumps([call.event_id for call in calls])  # one parameter, not one per id
+        seen = {row[0] for row in c.exec_driver_sql(_SQLITE_STORED_IDS, (tenant.id, ids))}
+        rows = [_call_row(tenant, call, now) for call in calls if call.event_id not in seen]
+        if not rows:
+            return []
+        # The writer holds SQLite's write lock (BEGIN IMMEDIATE) and an INTEGER PRIMARY KEY
+        # takes max + 1, so the new rows' positions are the last len(rows) ones, in order.
+        c.exec_driver_sql(_SQLITE_INSERT, [tuple(r[k] for k in _COLUMNS) for r in rows])
+        last = int(c.exec_driver_sql("SELECT max(seq) FROM tool_events").scalar_one())
+        return list(range(last - len(rows) + 1, last + 1))
 
-    def _insert_calls(self, c: Connection, rows: list[dict[str, Any]]) -> list[int]:
-        if self.engine.dialect.name == "sqlite":
-            # The writer holds SQLite's write lock (BEGIN IMMEDIATE) and an INTEGER PRIMARY
-            # KEY takes max + 1, so the new rows' positions are the last len(rows) ones.
-            c.exec_driver_sql(_SQLITE_INSERT, [tuple(r[k] for k in _COLUMNS) for r in rows])
-            last = int(c.exec_driver_sql("SELECT max(seq) FROM tool_events").scalar_one())
-            return list(range(last - len(rows) + 1, last + 1))
-        statement = insert(tool_events).returning(tool_events.c.seq, sort_by_parameter_order=True)
-        return [int(s) for s in c.execute(statement, rows).scalars()]
+    @staticmethod
+    def _append_postgres(
+        c: Connection, tenant: Tenant, calls: list[ToolCall], now: float
+    ) -> list[int]:
+        # One statement: the batch as column arrays; stored ids are skipped by the unique
+        # constraint. Positions are returned in the calls' order.
+        params: dict[str, Any] = {"tenant": tenant.id, "shared": tenant.share, "now": now}
+        rows = [_call_row(tenant, call, now) for call in calls]
+        for name in _ARRAY_COLUMNS:
+            params[name] = [r[name] for r in rows]
+        inserted: dict[str, int] = {e: s for e, s in c.exec_driver_sql(_PG_INSERT, params)}
+        return [int(inserted[e]) for e in params["event_id"] if e in inserted]
 
     def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
         with transaction(self.engine, write=True) as c:
