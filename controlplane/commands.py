@@ -63,6 +63,11 @@ def _register_serve(commands: _SubParsers) -> None:
     p.add_argument("--policy", choices=POLICY_CHOICES, default="cachettl")
     p.add_argument("--ttl-cap", type=float, default=300.0, help="cachettl: TTL cap, seconds")
     p.add_argument("--min-samples", type=int, default=100, help="back-off threshold K")
+    p.add_argument(
+        "--profile",
+        default="llama3.1-8b-h100",
+        help="hardware/model profile of the cost model (estimator.PROFILES)",
+    )
     p.add_argument("--max-concurrent-rpcs", type=int, default=256)
     p.add_argument("--max-duration", type=float, default=86400.0, help="seconds")
     p.add_argument("--tail-interval", type=float, default=0.5, help="seconds")
@@ -97,9 +102,14 @@ def _serve(args: argparse.Namespace) -> int:
         if not (args.tls_cert and args.tls_key):
             raise ValueError("--tls-cert and --tls-key go together")
         tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+    from estimator import get_profile
+
+    get_profile(args.profile)  # ValueError naming the valid profiles
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     store = create_store(_db(args))
-    plane = ControlPlane(store, args.policy, _policy_params(args), args.min_samples)
+    plane = ControlPlane(
+        store, args.policy, _policy_params(args), args.min_samples, profile=args.profile
+    )
     options = ServerOptions(
         listen=args.listen,
         max_concurrent_rpcs=args.max_concurrent_rpcs,

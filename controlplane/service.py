@@ -61,11 +61,13 @@ class ControlPlane:
         policy_params: dict[str, Any] | None = None,
         min_samples: int = 100,
         clock: Callable[[], float] = time.time,
+        profile: str = "llama3.1-8b-h100",
     ) -> None:
         self.store = store
         self.policy_name = policy
         self.policy = get_policy(policy, **(policy_params or {}))
         self.min_samples = min_samples
+        self.profile = profile
         self.clock = clock
         self._lock = threading.RLock()
         self._auth: dict[str, tuple[Tenant | None, float]] = {}
@@ -75,12 +77,13 @@ class ControlPlane:
     # -- start-up and the log ---------------------------------------------------------
 
     def _restore(self) -> ModelState:
+        self.state = ModelState.fresh(self.policy, self.min_samples, self.profile)
         record = self.store.latest_snapshot(self.policy_name)
         if record is not None:
-            self.state = ModelState.loads(record.payload)
-            self._snapshot_version = self.state.version
-        else:
-            self.state = ModelState.fresh(self.policy, self.min_samples)
+            restored = ModelState.loads(record.payload)
+            if restored.config == self.state.config:  # else: replay the whole log
+                self.state = restored
+                self._snapshot_version = restored.version
         self.catch_up()
         return self.state
 

@@ -52,6 +52,8 @@ class ModelState:
     """Everything decisions and inspection read; not thread-safe (the owner locks)."""
 
     models: Models
+    #: What the models were built with; a snapshot built otherwise is not reused.
+    config: tuple[str, str, int] = ("", "", 0)  # (policy, profile, min_samples)
     tool_seq: int = 0
     end_seq: int = 0
     pins: dict[tuple[str, str], PinCounts] = field(default_factory=dict)
@@ -59,8 +61,12 @@ class ModelState:
     programs: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def fresh(cls, policy: TtlPolicy, min_samples: int = 100) -> ModelState:
-        return cls(policy.new_models(min_samples=min_samples))
+    def fresh(
+        cls, policy: TtlPolicy, min_samples: int = 100, profile: str = "llama3.1-8b-h100"
+    ) -> ModelState:
+        """Empty models configured for ``policy`` and the hardware ``profile``."""
+        models = policy.new_models(profile, min_samples=min_samples)
+        return cls(models, config=(policy.name, profile, min_samples))
 
     @property
     def version(self) -> int:

@@ -110,3 +110,26 @@ def test_snapshot_stream_resumes_from_a_version(store, serve):
         resumed = next(client.watch_snapshots(after_version=first.version, timeout_s=10))
         assert resumed.version == 3
         assert list(resumed.models[1].sorted_durations_seconds) == [0.1, 0.2, 0.3]
+
+
+def test_restart_reuses_a_matching_snapshot_only(store):
+    plane = ControlPlane(store, min_samples=1)
+    tenant, _ = plane.create_tenant("acme")
+    plane.record_tool_calls(tenant, _calls("r", "ls", [0.1, 0.2, 0.3]))
+    assert plane.write_snapshot()
+    assert not plane.write_snapshot()  # unchanged models: nothing to write
+    plane.record_tool_calls(tenant, _calls("s", "ls", [0.4]))
+    again = ControlPlane(store, min_samples=1)  # snapshot (3 calls) + the log's tail (1)
+    assert again.state.version == 4
+    assert again.list_tools("acme") == plane.list_tools("acme")
+    other = ControlPlane(store, min_samples=2, profile="llama3.1-70b-h100-tp4")
+    assert other.state.config == ("cachettl", "llama3.1-70b-h100-tp4", 2)
+    assert other.state.version == 4  # rebuilt from the whole log
+
+
+def test_database_failures_become_storage_errors():
+    from controlplane.errors import StorageError
+    from controlplane.store import create_store
+
+    with pytest.raises(StorageError, match="database error"):
+        create_store("postgresql://postgres@127.0.0.1:1/test")
