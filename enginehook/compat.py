@@ -27,6 +27,7 @@ _SCHEDULER_METHODS = (
     "reset_prefix_cache",
     "shutdown",
     "finish_requests",
+    "update_from_output",
 )
 _MANAGER_METHODS = ("pop_blocks_for_free", "allocate_slots", "free")
 _QUEUE_METHODS = {

@@ -32,6 +32,8 @@ class HookMetrics:
         self.releases: Counter[str] = Counter()
         self.decisions: Counter[str] = Counter()
         self.events_emitted = 0
+        self.schedule_calls = 0
+        self.hook_seconds = 0.0
 
     def set_gauges(self, *, pins: int, blocks: int) -> None:
         """Current pins held and blocks they hold."""
@@ -59,6 +61,12 @@ class HookMetrics:
         with self._lock:
             self.releases[reason] += 1
 
+    def scheduled(self, hook_seconds: float) -> None:
+        """One ``schedule()`` call, of which ``hook_seconds`` were the hook's own work."""
+        with self._lock:
+            self.schedule_calls += 1
+            self.hook_seconds += hook_seconds
+
     def emitted(self) -> None:
         """An event left for the control plane's queue."""
         with self._lock:
@@ -78,6 +86,10 @@ class HookMetrics:
                 "releases": dict(self.releases),
                 "decisions": dict(self.decisions),
                 "events_emitted": self.events_emitted,
+                "schedule_calls": self.schedule_calls,
+                "hook_us_per_schedule": (
+                    1e6 * self.hook_seconds / self.schedule_calls if self.schedule_calls else 0.0
+                ),
             }
 
     def prometheus(self) -> str:

@@ -50,6 +50,7 @@ _PINNABLE = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPE
 _HINTS_ATTR = "_cachettl_hints"
 _MAX_DECODE_TOKENS = 2048
 _HOUSEKEEPING_S = 10.0
+_MIN_PREFILL_TOKENS = 64
 
 
 class ProgramRequestQueue(RequestQueue):
@@ -57,18 +58,30 @@ class ProgramRequestQueue(RequestQueue):
 
     def __init__(self, key: Callable[[Request], Any]) -> None:
         self._queue: SortedWaitQueue[Request] = SortedWaitQueue(key)
+        self._dirty = False
+        #: Seconds spent sorting (part of the hook's own cost).
+        self.sort_seconds = 0.0
 
     def mark_dirty(self) -> None:
         self._queue.mark_dirty()
+        self._dirty = True
 
     def add_request(self, request: Request) -> None:
         self._queue.add(request)
+        self._dirty = True
 
     def pop_request(self) -> Request:
         return self._queue.pop()
 
     def peek_request(self) -> Request:
-        return self._queue.peek()
+        if not self._dirty:
+            return self._queue.peek()
+        started = time.perf_counter()
+        try:
+            return self._queue.peek()
+        finally:
+            self._dirty = False
+            self.sort_seconds += time.perf_counter() - started
 
     def prepend_request(self, request: Request) -> None:
         self._queue.prepend(request)
@@ -136,6 +149,8 @@ class CacheTTLMixin:
         self._rule = self.cachettl.pressure_rule
         self._tokenizer = self._load_tokenizer()
         self._next_housekeeping = 0.0
+        self._step_started: float | None = None
+        self._step_tokens = 0
         self.sink: EventSink = build_sink(self.cachettl, self.decider, self.tracker.engine_id)
         if self.cachettl.enabled and self.cachettl.order:
             self.waiting = ProgramRequestQueue(self._priority)
@@ -177,19 +192,42 @@ class CacheTTLMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         if not self.cachettl.enabled:
             return super().schedule(*args, **kwargs)  # type: ignore[misc,no-any-return]
+        started = time.perf_counter()
         now = self.clock()
         if len(self.pins):
             self.pins.expire(now, self._waiting_programs())
-        if isinstance(self.waiting, ProgramRequestQueue):
-            self.waiting.mark_dirty()
+        queue = self.waiting if isinstance(self.waiting, ProgramRequestQueue) else None
+        if queue is not None:
+            queue.mark_dirty()
+            sorted_before = queue.sort_seconds
+        before = time.perf_counter()
         output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        after = time.perf_counter()
         for new in output.scheduled_new_reqs:
             request = self.requests.get(new.req_id)
             if request is not None and request.session_id:
                 self._admitted(request, new.num_computed_tokens, now)
         if now >= self._next_housekeeping:
             self._housekeeping(now)
+        done = time.perf_counter()
+        own = (before - started) + (done - after)
+        if queue is not None:
+            own += queue.sort_seconds - sorted_before
+        self.metrics.scheduled(own)
+        self._step_started = done if output.scheduled_new_reqs else None
+        self._step_tokens = output.total_num_scheduled_tokens
         return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
+    ) -> Any:
+        started = getattr(self, "_step_started", None)
+        if started is not None and not isinstance(self, AsyncScheduler):
+            # The step ran new requests' prefill: one observed timing for the cost model.
+            self._step_started = None
+            if self._step_tokens >= _MIN_PREFILL_TOKENS:
+                self.decider.learn_prefill(self._step_tokens, time.perf_counter() - started)
+        return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
 
     def _admitted(self, request: Request, cached_tokens: int, now: float) -> None:
         program = request.session_id
