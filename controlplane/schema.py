@@ -1,8 +1,9 @@
 """The current database schema as SQLAlchemy Core tables (what the code reads and writes).
 
 Migrations under ``migrations/versions`` never import this module: each revision spells
-out its own DDL, frozen. Every index leads with the tenant, except the snapshot table's,
-which holds cluster-wide state keyed by policy.
+out its own DDL, frozen. Every index of tenant data leads with the tenant; the exceptions
+are the tenants table's unique name and token-hash indexes and the snapshot table's, which
+holds cluster-wide state keyed by policy.
 """
 
 from __future__ import annotations
