@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 __all__ = [
@@ -23,6 +24,9 @@ SignatureExtractor = Callable[[str, str], str]
 
 #: Longest signature kept; longer ones are cut (they would only fragment statistics).
 MAX_SIGNATURE_CHARS = 128
+
+#: Recent (tool, args) → signature results a registry remembers.
+CACHE_SIZE = 4096
 
 _SHELL_SPLIT = re.compile(r"&&|\|\||;|\||\n")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -98,13 +102,28 @@ class SignatureRegistry:
         )
         self._extractors.update(extractors or {})
         self._default = default
+        # Agents repeat the same calls: remember recent signatures (parsing costs ~10 µs).
+        self._cache: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def register(self, tool: str, extractor: SignatureExtractor) -> None:
         """Use ``extractor`` for ``tool`` from now on."""
         self._extractors[tool] = extractor
+        self._cache.clear()
 
     def signature(self, tool: str, args: str | None) -> str:
         """The signature of one call; ``""`` when there are no arguments."""
         if not args:
             return ""
-        return self._extractors.get(tool, self._default)(tool, args)
+        key = (tool, args)
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        signature = self._extractors.get(tool, self._default)(tool, args)
+        self._cache[key] = signature
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return signature
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_cache": OrderedDict()}  # a cache, not state

@@ -249,3 +249,14 @@ def test_per_program_eta_follows_progress() -> None:
     assert policy.eta(early, models) == pytest.approx(0.1)
     assert policy.eta(late, models) == pytest.approx(0.9)
     assert get_policy("cachettl").eta(early, models) == 1.0  # global η of fixed lengths
+
+
+def test_signature_cache_is_bounded_and_follows_registration() -> None:
+    from estimator.signatures import CACHE_SIZE
+
+    registry = SignatureRegistry()
+    for i in range(CACHE_SIZE + 10):
+        assert registry.signature("bash", f"cmd{i} --flag") == f"cmd{i}"
+    assert len(registry._cache) == CACHE_SIZE
+    registry.register("bash", lambda tool, args: "custom")
+    assert registry.signature("bash", "cmd1 --flag") == "custom"
