@@ -54,7 +54,10 @@ def register(
     )
     _workload_arguments(sim, trace=True)
     sim.add_argument(
-        "--policy", default="vllm,continuum,cachettl", help="comma-separated policy names"
+        "--policy",
+        default="vllm,continuum,cachettl",
+        help="comma-separated policies, each NAME or NAME(key=value,...), e.g. "
+        "'isolated,vllm,cachettl(ttl_cap_s=60,pressure=always)'",
     )
     _engine_arguments(sim)
     sim.add_argument("--json", action="store_true", help="print one JSON object on stdout")

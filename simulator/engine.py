@@ -93,6 +93,7 @@ class Engine:
         timer: StepTimer,
         key: Callable[[Request], Any],
         host: Host,
+        preemption_victim: Callable[[list[Request]], Request] | None = None,
     ) -> None:
         self.config = config
         self.timer = timer
@@ -102,6 +103,7 @@ class Engine:
         self.waiting: SortedWaitQueue[Request] = SortedWaitQueue(key)
         self.running: list[Request] = []
         self.host = host
+        self._victim = preemption_victim or (lambda running: running[-1])
         self._seq = 0
         self._waiting: dict[str, int] = {}
         self.preemptions = 0
@@ -163,11 +165,15 @@ class Engine:
             while need > self.pool.free:
                 if self.host.release_pins(need - self.pool.free, request, now, True):
                     continue
-                victim = self.running[-1]
+                victim = self._victim(self.running)
+                position = self.running.index(victim)
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     break
+                if position < i:  # already scheduled this step: take its tokens back
+                    i -= 1
+                    budget += self._unschedule(scheduled, victim)
             if request.preempted:
                 break
             self.pool.allocate(need)
@@ -180,6 +186,14 @@ class Engine:
         if not preempted:
             reload, blocked = self._admit(now, budget, scheduled)
         return scheduled, reload, blocked
+
+    @staticmethod
+    def _unschedule(scheduled: list[tuple[Request, int]], victim: Request) -> int:
+        for k, (request, n) in enumerate(scheduled):
+            if request is victim:
+                del scheduled[k]
+                return n
+        return 0
 
     def _admit(
         self, now: float, budget: int, scheduled: list[tuple[Request, int]]

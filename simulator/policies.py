@@ -24,13 +24,25 @@ oracle               knows each tool's true duration, pins exactly when it pays
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Collection, Container
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from enginehook.pins import Pin
 from enginehook.pressure import PressureRule, choose_victims, may_release
 from enginehook.priority import priority_key
-from estimator import Decision, Models, RequestFacts, SignatureRegistry, get_policy
+from estimator import (
+    CostModel,
+    Decision,
+    DurationHierarchy,
+    HardwareProfile,
+    Models,
+    RequestFacts,
+    SignatureRegistry,
+    get_policy,
+    get_profile,
+)
 from estimator.signatures import SHELL_TOOLS, json_signature, shell_signature
 from estimator.ttl import exponential_ttl
 from simulator.engine import Request
@@ -38,7 +50,16 @@ from simulator.engine import Request
 #: What the simulator stores with a pin: (cached full blocks, the program's first arrival).
 PinHandle = tuple[int, float]
 
-__all__ = ["POLICIES", "PinHandle", "SchedulingPolicy", "get_scheduling_policy", "paper_tool_key"]
+__all__ = [
+    "POLICIES",
+    "Param",
+    "PinHandle",
+    "SchedulingPolicy",
+    "get_scheduling_policy",
+    "paper_tool_key",
+    "register_scheduling_policy",
+    "split_policy_list",
+]
 
 
 def paper_tool_key(tool: str, args: str | None) -> str:
@@ -62,29 +83,86 @@ def _auto_signature(tool: str, args: str) -> str:
     return shell_signature(tool, args)
 
 
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One tunable of a policy: how to read it from text, its default, its help."""
+
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+
+
+def _choice(*names: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if value not in names:
+            raise ValueError(f"must be one of: {', '.join(names)}")
+        return value
+
+    return parse
+
+
+def _non_negative(value: str) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise ValueError("must be a number >= 0")
+    return number
+
+
+def _count(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be an integer >= 0")
+    return number
+
+
 class SchedulingPolicy:
-    """Base: vLLM's behaviour (FCFS, no pins)."""
+    """Base: vLLM's behaviour (FCFS, no pins). Parameters (``PARAMS``) are given as
+    keyword arguments or in a spec string ``name(key=value,...)``."""
 
     name: ClassVar[str] = "vllm"
     help: ClassVar[str] = "FCFS, end-of-turn release, LRU prefix cache"
     uses_pins: ClassVar[bool] = False
-    learns: ClassVar[bool] = False
+    PARAMS: ClassVar[dict[str, Param]] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, **params: Any) -> None:
+        unknown = sorted(set(params) - set(self.PARAMS))
+        if unknown:
+            valid = ", ".join(sorted(self.PARAMS)) or "none"
+            raise ValueError(
+                f"policy {self.name!r} has no parameter {unknown[0]!r}; valid: {valid}"
+            )
+        for key, param in self.PARAMS.items():
+            value = params.get(key, param.default)
+            if isinstance(value, str) and param.parse is not str:
+                try:
+                    value = param.parse(value)
+                except ValueError as error:
+                    raise ValueError(f"policy {self.name!r} parameter {key!r}: {error}") from None
+            setattr(self, key, value)
+        self.label = self.name
         self.models: Models | None = None
-        self.profile = "llama3.1-8b-h100"
+        self.profile: HardwareProfile | None = None
         self.offload = False
         self.pinned_programs: Callable[[], Container[str]] = frozenset
         self.other_context: Callable[[], int] = lambda: 0
 
-    def bind(self, profile: str, offload: bool, pinned: Callable[[], Container[str]]) -> None:
+    def bind(
+        self,
+        profile: HardwareProfile | str,
+        offload: bool,
+        pinned: Callable[[], Container[str]],
+    ) -> None:
         """Attach to one run (hardware profile, CPU tier or not, live pins)."""
-        self.profile = profile
+        self.profile = get_profile(profile) if isinstance(profile, str) else profile
         self.offload = offload
         self.pinned_programs = pinned
 
     def key(self, r: Request) -> tuple[Any, ...]:
         return (0 if r.preempted else 1, r.arrival, r.request_id)
+
+    def preemption_victim(self, running: list[Request]) -> Request:
+        """The running request to preempt when one cannot grow (vLLM FCFS: the newest)."""
+        return running[-1]
 
     def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:
         return Decision(0.0, 0.0, 0.0, "none")
@@ -100,6 +178,16 @@ class SchedulingPolicy:
     ) -> list[Pin[PinHandle]]:
         """Pins to release so that ``needed`` more blocks can be found."""
         return []
+
+    @property
+    def ttl_cap(self) -> float:
+        """Hard TTL cap for the pin table (inf: none)."""
+        return math.inf
+
+    @property
+    def pin_budget_share(self) -> float:
+        """Share of the KV pool pins may hold at once."""
+        return 1.0
 
     # Learning hooks (only models-backed policies use them).
     def observe_return(
@@ -134,18 +222,58 @@ class SchedulingPolicy:
 POLICIES: dict[str, type[SchedulingPolicy]] = {}
 
 
-def _register(cls: type[SchedulingPolicy]) -> type[SchedulingPolicy]:
+def register_scheduling_policy(cls: type[SchedulingPolicy]) -> type[SchedulingPolicy]:
+    """Class decorator: make a policy available by ``cls.name``."""
+    if cls.name in POLICIES or cls.name == "isolated":
+        raise ValueError(f"a scheduling policy named {cls.name!r} is already registered")
     POLICIES[cls.name] = cls
     return cls
 
 
-def get_scheduling_policy(name: str) -> SchedulingPolicy:
-    """A fresh policy called ``name``; the error lists the valid names."""
-    try:
-        return POLICIES[name]()
-    except KeyError:
+_register = register_scheduling_policy
+_SPEC = re.compile(r"^\s*([A-Za-z0-9_.-]+)\s*(?:\((.*)\))?\s*$")
+
+
+def split_policy_list(text: str) -> list[str]:
+    """Split ``"a,b(x=1,y=2),c"`` on the commas outside parentheses.
+
+    >>> split_policy_list("vllm, cachettl(ttl_cap_s=30,pressure=always)")
+    ['vllm', 'cachettl(ttl_cap_s=30,pressure=always)']
+    """
+    parts: list[str] = []
+    depth = 0
+    current = ""
+    for char in text:
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    parts.append(current.strip())
+    return [p for p in parts if p]
+
+
+def get_scheduling_policy(spec: str, **params: Any) -> SchedulingPolicy:
+    """A fresh policy from ``name`` or ``name(key=value,...)``; errors list valid names."""
+    match = _SPEC.match(spec)
+    if match is None:
+        raise ValueError(f"cannot read policy {spec!r}; expected NAME or NAME(key=value,...)")
+    name, arguments = match.group(1), match.group(2)
+    if name not in POLICIES:
         valid = ", ".join(sorted([*POLICIES, "isolated"]))
-        raise ValueError(f"unknown policy {name!r}; valid: {valid}") from None
+        raise ValueError(f"unknown policy {name!r}; valid: {valid}")
+    given = dict(params)
+    for item in (arguments or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"policy {spec!r}: expected key=value, got {item.strip()!r}")
+        given[key.strip()] = value.strip()
+    policy = POLICIES[name](**given)
+    policy.label = spec.strip() if arguments else name
+    return policy
 
 
 _register(SchedulingPolicy)
@@ -163,14 +291,16 @@ class ProgramFcfs(SchedulingPolicy):
 @_register
 class Autellix(SchedulingPolicy):
     """PLAS: priority = the program's attained service (model time of its completed calls),
-    discretised into levels [0, 1), [1, 3), [3, 7), [7, ∞) s; FCFS within a level."""
+    discretised into levels [0, 1), [1, 3), [3, 7), [7, ∞) s; FCFS within a level. As in
+    vLLM's priority scheduling, a running request that cannot grow preempts the running
+    request of the worst priority (not simply the newest)."""
 
     name = "autellix"
     help = "program-level least attained service (PLAS), end-of-turn release"
     THRESHOLDS = (1.0, 3.0, 7.0)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
         self._service: dict[str, float] = {}
 
     def observe_service(self, program_id: str, seconds: float) -> None:
@@ -181,22 +311,84 @@ class Autellix(SchedulingPolicy):
         level = sum(1 for t in self.THRESHOLDS if service >= t)
         return (0 if r.preempted else 1, level, r.arrival, r.request_id)
 
+    def preemption_victim(self, running: list[Request]) -> Request:
+        return max(running, key=self.key)
+
+
+def _latest_arrival(pins: list[Pin[PinHandle]], needed: int) -> list[Pin[PinHandle]]:
+    """The paper: latest program arrival first, until the blocks cover ``needed``."""
+    order = sorted(pins, key=lambda p: (-(p.handle or (0, 0.0))[1], p.program_id))
+    chosen: list[Pin[PinHandle]] = []
+    total = 0
+    for pin in order:
+        if total >= needed:
+            break
+        chosen.append(pin)
+        total += pin.blocks
+    return chosen
+
+
+_PRESSURE = Param(
+    PressureRule.parse, PressureRule.ALWAYS, "when a failed allocation may release pins"
+)
+_VICTIMS = Param(
+    _choice("latest-arrival", "lowest-loss", "latest-expiry"),
+    "latest-arrival",
+    "which pins go first under pressure (latest-expiry: one per step, as the preview code)",
+)
+_CAP = Param(_non_negative, math.inf, "hard TTL cap, seconds")
+_MIN_SAMPLES = Param(_count, 100, "samples a duration model needs before it is trusted (K)")
+_BUDGET = Param(_non_negative, 1.0, "share of the KV pool pins may hold at once")
+_PINNING_PARAMS = {
+    "pressure": _PRESSURE,
+    "victim": _VICTIMS,
+    "ttl_cap_s": _CAP,
+    "min_samples": _MIN_SAMPLES,
+    "budget_share": _BUDGET,
+}
+
 
 class _Pinning(SchedulingPolicy):
-    """Pins with the paper's waiting order and latest-arrival pressure victims."""
+    """Pins chosen by an estimator policy with models learned online during the run."""
 
     uses_pins = True
     estimator_policy: ClassVar[str] = "continuum"
-    pressure: ClassVar[PressureRule] = PressureRule.ALWAYS
+    PARAMS = _PINNING_PARAMS
+    pressure: PressureRule
+    victim: str
+    ttl_cap_s: float
+    min_samples: int
+    budget_share: float
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._ttl = get_policy(self.estimator_policy)
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        if self.estimator_policy == "cachettl" and math.isfinite(self.ttl_cap_s):
+            self._ttl = get_policy("cachettl", ttl_cap_s=self.ttl_cap_s)
+        else:
+            self._ttl = get_policy(self.estimator_policy)
 
-    def bind(self, profile: str, offload: bool, pinned: Callable[[], Container[str]]) -> None:
+    @property
+    def ttl_cap(self) -> float:
+        return self.ttl_cap_s
+
+    @property
+    def pin_budget_share(self) -> float:
+        return self.budget_share
+
+    def bind(
+        self,
+        profile: HardwareProfile | str,
+        offload: bool,
+        pinned: Callable[[], Container[str]],
+    ) -> None:
         super().bind(profile, offload, pinned)
-        self.models = self._ttl.new_models(profile)
-        self.models.durations.signatures = SignatureRegistry(default=_auto_signature)
+        assert self.profile is not None
+        durations = DurationHierarchy(
+            min_samples=self.min_samples,
+            forget_on_drift=self._ttl.forgets_on_drift,
+            signatures=SignatureRegistry(default=_auto_signature),
+        )
+        self.models = Models(durations, CostModel.from_profile(self.profile))
 
     def key(self, r: Request) -> tuple[Any, ...]:
         pinned = r.program_id in self.pinned_programs()
@@ -215,17 +407,15 @@ class _Pinning(SchedulingPolicy):
         for_running: bool,
         nothing_running: bool,
     ) -> list[Pin[PinHandle]]:
-        if not may_release(self.pressure, for_running=for_running, nothing_running=nothing_running):
+        if not pins or not may_release(
+            self.pressure, for_running=for_running, nothing_running=nothing_running
+        ):
             return []
-        order = sorted(pins, key=lambda p: (-(p.handle or (0, 0.0))[1], p.program_id))
-        chosen: list[Pin[PinHandle]] = []
-        total = 0
-        for pin in order:  # the paper: latest program arrival first, until it fits
-            if total >= needed:
-                break
-            chosen.append(pin)
-            total += pin.blocks
-        return chosen
+        if self.victim == "lowest-loss":
+            return choose_victims(pins, needed, now, waiting, allow_waiting=True)
+        if self.victim == "latest-expiry":
+            return [max(pins, key=lambda p: (p.expires_at, p.program_id))]
+        return _latest_arrival(pins, needed)
 
     def observe_tool(self, tool: str, args: str | None, duration: float, tenant: str) -> None:
         assert self.models is not None
@@ -240,8 +430,19 @@ class _Pinning(SchedulingPolicy):
         self.models.record_program_end(turns, tenant)
 
 
+def _with_defaults(**defaults: Any) -> dict[str, Param]:
+    params = dict(_PINNING_PARAMS)
+    for key, value in defaults.items():
+        base = params[key]
+        params[key] = Param(base.parse, value, base.help)
+    return params
+
+
 @_register
 class Continuum(_Pinning):
+    """The paper (DESIGN.md §3): its TTL, pins released for any blocked admission, victims
+    by latest program arrival."""
+
     name = "continuum"
     help = "the paper's TTL (estimator 'continuum'), models learned online"
 
@@ -251,20 +452,7 @@ class Cachettl(_Pinning):
     name = "cachettl"
     help = "ours (estimator 'cachettl'), models learned online, lowest-loss victims"
     estimator_policy = "cachettl"
-    pressure = PressureRule.RUNNING
-
-    def victims(
-        self,
-        pins: list[Pin[PinHandle]],
-        needed: int,
-        now: float,
-        waiting: Collection[str],
-        for_running: bool,
-        nothing_running: bool,
-    ) -> list[Pin[PinHandle]]:
-        if not may_release(self.pressure, for_running=for_running, nothing_running=nothing_running):
-            return []
-        return choose_victims(pins, needed, now, waiting, allow_waiting=True)
+    PARAMS = _with_defaults(pressure=PressureRule.RUNNING, victim="lowest-loss", ttl_cap_s=300.0)
 
 
 @_register
@@ -282,13 +470,15 @@ class StaticTtl(_Pinning):
 @_register
 class ContinuumPreview(_Pinning):
     """The authors' preview code: 2 s pins unless the tool's running mean exceeds 2 s;
-    no preempted-first key; one victim per step, the pin with the latest expiry."""
+    no preempted-first key; one victim per step, the pin with the latest expiry, only for
+    running work or an idle engine."""
 
     name = "continuum-preview"
     help = "authors' preview code: fixed 2 s pin, skips tools whose mean exceeds 2 s"
+    PARAMS = _with_defaults(pressure=PressureRule.RUNNING, victim="latest-expiry")
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
         self._fixed = get_policy("fixed", ttl_s=2.0)
 
     def key(self, r: Request) -> tuple[Any, ...]:
@@ -299,28 +489,15 @@ class ContinuumPreview(_Pinning):
         assert self.models is not None
         return self._fixed.decide(facts, self.models)
 
-    def victims(
-        self,
-        pins: list[Pin[PinHandle]],
-        needed: int,
-        now: float,
-        waiting: Collection[str],
-        for_running: bool,
-        nothing_running: bool,
-    ) -> list[Pin[PinHandle]]:
-        if not pins or not (for_running or nothing_running):
-            return []
-        return [max(pins, key=lambda p: (p.expires_at, p.program_id))]
-
 
 @_register
-class Oracle(Cachettl):
+class Oracle(_Pinning):
     """Knows the tool's true duration d: pins for d when the hit is worth it (d < B);
     pressure handled as ``cachettl`` does."""
 
     name = "oracle"
-    estimator_policy = "continuum"
     help = "knows each tool's true duration; pins for exactly that long when it pays"
+    PARAMS = _with_defaults(pressure=PressureRule.RUNNING, victim="lowest-loss")
 
     def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:
         assert self.models is not None

@@ -10,7 +10,7 @@ from typing import TextIO
 from estimator import get_profile
 from simulator.engine import EngineConfig
 from simulator.metrics import PolicyMetrics, isolated_jct, isolated_metrics, summarise
-from simulator.policies import get_scheduling_policy
+from simulator.policies import get_scheduling_policy, split_policy_list
 from simulator.sim import Simulation
 from simulator.trace import Program
 
@@ -57,7 +57,7 @@ class Progress:
 
 def parse_policies(text: str) -> list[str]:
     """Comma-separated policy names, validated together (nothing runs on a bad one)."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = split_policy_list(text)
     if not names:
         raise ValueError("--policy needs at least one policy name")
     for name in names:

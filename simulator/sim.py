@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from enginehook.pins import Pin, PinTable, ReleaseReason
-from estimator import RequestFacts, get_profile
+from estimator import HardwareProfile, RequestFacts, get_profile
 from simulator.engine import Engine, EngineConfig, Request
 from simulator.loop import ARRIVAL, STEP_END, STEP_START, Event, EventLoop
 from simulator.policies import PinHandle, SchedulingPolicy, get_scheduling_policy
@@ -107,20 +107,26 @@ class Simulation:
         self,
         programs: Sequence[Program],
         policy: SchedulingPolicy,
-        hardware: str = "llama3.1-8b-h100",
+        hardware: str | HardwareProfile = "llama3.1-8b-h100",
         config: EngineConfig | None = None,
         on_program_end: Callable[[ProgramResult], None] | None = None,
+        timer: StepTimer | None = None,
     ) -> None:
+        """``hardware``: a profile name or a :class:`HardwareProfile` (e.g. one fitted to
+        a measured engine); ``timer`` replaces the roofline step-time model."""
         self.programs = programs
         self.policy = policy
         self.config = config or EngineConfig()
-        self.timer = StepTimer(get_profile(hardware))
+        profile = get_profile(hardware) if isinstance(hardware, str) else hardware
+        self.timer = timer or StepTimer(profile)
         self.loop = EventLoop()
-        self.engine = Engine(self.config, self.timer, policy.key, self)
+        self.engine = Engine(self.config, self.timer, policy.key, self, policy.preemption_victim)
+        cap = policy.ttl_cap if math.isfinite(policy.ttl_cap) else 1e9
+        budget = int(policy.pin_budget_share * self.engine.pool.num_blocks)
         self.pins: PinTable[PinHandle] = PinTable(
-            self.engine.pool.num_blocks, ttl_cap_s=1e9, on_release=self._on_pin_release
+            budget, ttl_cap_s=cap, on_release=self._on_pin_release
         )
-        policy.bind(hardware, self.engine.cpu is not None, self._pinned_programs)
+        policy.bind(profile, self.engine.cpu is not None, self._pinned_programs)
         policy.other_context = self._running_context
         self.on_program_end = on_program_end
         self.results: list[ProgramResult] = []
@@ -364,7 +370,7 @@ class Simulation:
         first = min((p.arrival_s for p in self.programs), default=0.0)
         end = max((r.finish_s for r in self.results), default=first)
         return RunResult(
-            self.policy.name,
+            self.policy.label,
             self.results,
             self.engine.prompt_tokens,
             self.engine.hit_tokens,
@@ -380,10 +386,10 @@ class Simulation:
 def simulate(
     programs: Sequence[Program],
     policy: str,
-    hardware: str = "llama3.1-8b-h100",
+    hardware: str | HardwareProfile = "llama3.1-8b-h100",
     config: EngineConfig | None = None,
     on_program_end: Callable[[ProgramResult], None] | None = None,
 ) -> RunResult:
-    """Run ``programs`` under the policy called ``policy``."""
+    """Run ``programs`` under the policy ``policy`` (a name or ``name(key=value,...)``)."""
     sim = Simulation(programs, get_scheduling_policy(policy), hardware, config, on_program_end)
     return sim.run()

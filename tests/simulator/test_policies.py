@@ -96,3 +96,43 @@ def test_continuum_learns_durations_eta_and_queue_delay_online():
     calls = sum(len(p.turns) - 1 for p in programs)
     assert models.durations.tenant_samples("default") == calls
     assert "cd" in models.durations.tools("default")  # keyed by the command's first word
+
+
+def test_policy_specs_with_parameters():
+    policy = get_scheduling_policy("continuum(pressure=running, victim=lowest-loss)")
+    assert policy.label == "continuum(pressure=running, victim=lowest-loss)"
+    assert policy.pressure.value == "running"  # type: ignore[attr-defined]
+    capped = get_scheduling_policy("cachettl(ttl_cap_s=30,budget_share=0.25)")
+    assert capped.ttl_cap == 30.0
+    assert capped.pin_budget_share == 0.25
+    assert get_scheduling_policy("cachettl").ttl_cap == 300.0
+    with pytest.raises(ValueError, match="no parameter 'foo'; valid: budget_share, min_samples"):
+        get_scheduling_policy("cachettl(foo=1)")
+    with pytest.raises(ValueError, match="parameter 'victim': must be one of"):
+        get_scheduling_policy("continuum(victim=random)")
+    with pytest.raises(ValueError, match="parameter 'ttl_cap_s'"):
+        get_scheduling_policy("cachettl(ttl_cap_s=-1)")
+    with pytest.raises(ValueError, match="has no parameter 'pressure'; valid: none"):
+        get_scheduling_policy("vllm(pressure=always)")
+    with pytest.raises(ValueError, match="expected key=value"):
+        get_scheduling_policy("cachettl(oops)")
+
+
+def test_pin_budget_and_cap_reach_the_pin_table():
+    programs = generate("swe", 30, rate=0.3, seed=1)
+    sim = Simulation(
+        programs, get_scheduling_policy("cachettl(ttl_cap_s=0.05,budget_share=0.1)"), HW
+    )
+    assert sim.pins.ttl_cap_s == 0.05
+    assert sim.pins.budget_blocks == int(0.1 * sim.engine.pool.num_blocks)
+    sim.run()
+    assert len(sim.results) == 30
+
+
+def test_autellix_preempts_the_worst_priority_running_request():
+    policy = get_scheduling_policy("autellix")
+    policy.observe_service("heavy", 10.0)
+    light = _request("light", arrival=5.0, program_arrival=5.0)
+    heavy = _request("heavy", arrival=1.0, program_arrival=0.0)
+    assert policy.preemption_victim([heavy, light]) is heavy
+    assert get_scheduling_policy("vllm").preemption_victim([heavy, light]) is light
