@@ -21,7 +21,13 @@ from simulator.workloads import generate
 __all__ = ["doubling_rate", "register"]
 
 SWEEP_POLICIES = "vllm,autellix,infercept,continuum-preview,continuum,cachettl,oracle"
-ABLATION = ("vllm", "program-fcfs", "static-ttl", "continuum")
+ABLATION = (
+    "vllm",
+    "program-fcfs",
+    "static-ttl",
+    "continuum",
+    "continuum(pressure=running)",
+)
 LOAD_FACTORS = (0.75, 0.9, 1.0, 1.05, 1.1, 1.2)
 
 
@@ -34,7 +40,7 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     parser.add_argument("--policy", default=SWEEP_POLICIES, help="policies of the load sweep")
     parser.add_argument("--programs", type=int, default=200, help="programs per run")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0,1,2", help="seeds each figure is averaged over")
     parser.add_argument("--studies", default="load,turns,ablation", help="which studies to run")
     parser.add_argument("--out-dir", default="simulator/results", help="where figures go")
     parser.set_defaults(handler=_policies)
@@ -89,15 +95,59 @@ def _plot(path: Path, title: str, rates: list[float], curves: dict[str, list[flo
     plt.close(fig)
 
 
-def _load_study(args: argparse.Namespace, out: Path, lines: list[str]) -> dict[str, object]:
+class _Runs:
+    """Traces and isolated runs per (workload, seed, hardware, turn scale), made once."""
+
+    def __init__(self, programs: int, seeds: Sequence[int]) -> None:
+        self.programs = programs
+        self.seeds = seeds
+        self._base: dict[tuple[str, int, int], list[Program]] = {}
+        self._iso: dict[tuple[str, int, str, int], dict[str, float]] = {}
+
+    def base(self, workload: str, seed: int, scale: int = 1) -> list[Program]:
+        key = (workload, seed, scale)
+        if key not in self._base:
+            self._base[key] = generate(workload, self.programs, seed=seed, turn_scale=scale)
+        return self._base[key]
+
+    def isolated(self, workload: str, seed: int, hw: str, scale: int = 1) -> dict[str, float]:
+        key = (workload, seed, hw, scale)
+        if key not in self._iso:
+            self._iso[key] = isolated_jct(self.base(workload, seed, scale), hw, EngineConfig())
+        return self._iso[key]
+
+    def mean_jct(
+        self,
+        workload: str,
+        hw: str,
+        rate: float,
+        policies: Sequence[str],
+        config: EngineConfig | None = None,
+        scale: int = 1,
+    ) -> dict[str, float]:
+        """Each policy's mean JCT, averaged over the seeds."""
+        totals = dict.fromkeys(policies, 0.0)
+        for seed in self.seeds:
+            trace = redraw_arrivals(self.base(workload, seed, scale), rate, seed)
+            iso = self.isolated(workload, seed, hw, scale)
+            res = run_policies(trace, policies, hw, config or EngineConfig(), isolated=iso)
+            for p in policies:
+                totals[p] += res[p].mean_jct_s / len(self.seeds)
+        return totals
+
+    def doubling(self, workload: str, hw: str) -> float:
+        seed = self.seeds[0]
+        return doubling_rate(self.base(workload, seed), hw, self.isolated(workload, seed, hw))
+
+
+def _load_study(
+    args: argparse.Namespace, runs: _Runs, out: Path, lines: list[str]
+) -> dict[str, object]:
     policies = parse_policies(args.policy)
     summary: dict[str, object] = {}
-    config = EngineConfig()
     for workload in args.workloads.split(","):
-        programs = generate(workload, args.programs, seed=args.seed)
         for hw in args.hardware.split(","):
-            iso = isolated_jct(programs, hw, config)
-            r2 = doubling_rate(programs, hw, iso)
+            r2 = runs.doubling(workload, hw)
             rates = [round(r2 * f, 4) for f in LOAD_FACTORS]
             curves: dict[str, list[float]] = {p: [] for p in policies}
             lines += [
@@ -108,11 +158,10 @@ def _load_study(args: argparse.Namespace, out: Path, lines: list[str]) -> dict[s
             ]
             table = ["| load | " + " | ".join(policies) + " |", "|---|" + "---|" * len(policies)]
             for rate in rates:
-                trace = redraw_arrivals(programs, rate, args.seed)
-                results = run_policies(trace, policies, hw, config, isolated=iso)
+                jct = runs.mean_jct(workload, hw, rate, policies)
                 for p in policies:
-                    curves[p].append(results[p].mean_jct_s)
-                cells = [f"{results[p].mean_jct_s:.0f}" for p in policies]
+                    curves[p].append(jct[p])
+                cells = [f"{jct[p]:.0f}" for p in policies]
                 table.append(f"| {rate:.4f} | " + " | ".join(cells) + " |")
                 print(f"{workload} {hw} {rate:.4f} " + " ".join(cells), file=sys.stderr)
             png = out / f"jct_{workload}_{hw}.png"
@@ -122,42 +171,43 @@ def _load_study(args: argparse.Namespace, out: Path, lines: list[str]) -> dict[s
     return summary
 
 
-def _turns_study(args: argparse.Namespace, lines: list[str]) -> dict[str, object]:
+def _turns_study(runs: _Runs, lines: list[str]) -> dict[str, object]:
     hw = "llama3.1-8b-h100"
-    base = generate("swe", args.programs, seed=args.seed)
-    rate = doubling_rate(base, hw, isolated_jct(base, hw, EngineConfig()))
-    lines += ["### Turn scaling (SWE-shaped, 8B/H100, load = vLLM's doubling load at 1×)", ""]
+    rate = runs.doubling("swe", hw)
+    policies = ("vllm", "continuum", "cachettl")
     lines += [
-        "| turn scale | mean turns | CPU tier | vllm | continuum | ratio | cachettl |",
-        "|---|---|---|---|---|---|---|",
+        f"### Turn scaling (SWE-shaped, 8B/H100, {rate:.4f} programs/s = vLLM's doubling "
+        "load at 1×; mean JCT s)",
+        "",
+        "| turn scale | mean turns | CPU tier | vllm | continuum | vllm/continuum "
+        "| cachettl | vllm/cachettl |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     out: dict[str, object] = {}
     for cpu in (0, 1_500_000):
         config = EngineConfig(cpu_tier_tokens=cpu)
         for scale in (1, 2, 3, 4, 5):
-            programs = generate("swe", args.programs, rate=rate, seed=args.seed, turn_scale=scale)
-            res = run_policies(programs, ("vllm", "continuum", "cachettl"), hw, config)
-            turns = sum(len(p.turns) for p in programs) / len(programs)
-            ratio = res["vllm"].mean_jct_s / res["continuum"].mean_jct_s
+            jct = runs.mean_jct("swe", hw, rate, policies, config, scale)
+            base = runs.base("swe", runs.seeds[0], scale)
+            turns = sum(len(p.turns) for p in base) / len(base)
+            ratio = jct["vllm"] / jct["continuum"]
+            ours = jct["vllm"] / jct["cachettl"]
             tier = "200 GB" if cpu else "none"
             lines.append(
-                f"| {scale}× | {turns:.1f} | {tier} | {res['vllm'].mean_jct_s:.0f} | "
-                f"{res['continuum'].mean_jct_s:.0f} | {ratio:.2f}× | "
-                f"{res['cachettl'].mean_jct_s:.0f} |"
+                f"| {scale}× | {turns:.1f} | {tier} | {jct['vllm']:.0f} | "
+                f"{jct['continuum']:.0f} | {ratio:.2f}× | {jct['cachettl']:.0f} | {ours:.2f}× |"
             )
-            out[f"{scale}x/cpu={cpu}"] = ratio
+            out[f"{scale}x/cpu={cpu}"] = {"vllm/continuum": ratio, "vllm/cachettl": ours}
             print(f"turns {scale}x cpu={cpu}: vllm/continuum {ratio:.2f}", file=sys.stderr)
     lines.append("")
     return out
 
 
-def _ablation_study(args: argparse.Namespace, lines: list[str]) -> dict[str, object]:
+def _ablation_study(runs: _Runs, lines: list[str]) -> dict[str, object]:
     hw = "llama3.1-8b-h100"
     out: dict[str, object] = {}
     for workload in ("swe", "bfcl"):
-        base = generate(workload, args.programs, seed=args.seed)
-        iso = isolated_jct(base, hw, EngineConfig())
-        r2 = doubling_rate(base, hw, iso)
+        r2 = runs.doubling(workload, hw)
         lines += [
             f"### Ablation ({workload}, 8B/H100; mean JCT s)",
             "",
@@ -165,17 +215,22 @@ def _ablation_study(args: argparse.Namespace, lines: list[str]) -> dict[str, obj
             "|---|" + "---|" * len(ABLATION),
         ]
         for factor in (1.0, 1.1, 1.2):
-            trace = redraw_arrivals(base, r2 * factor, args.seed)
-            res = run_policies(trace, ABLATION, hw, EngineConfig(), isolated=iso)
-            cells = [f"{res[p].mean_jct_s:.0f}" for p in ABLATION]
+            jct = runs.mean_jct(workload, hw, round(r2 * factor, 4), ABLATION)
+            cells = [f"{jct[p]:.0f}" for p in ABLATION]
             lines.append(f"| {r2 * factor:.4f} | " + " | ".join(cells) + " |")
-            out[f"{workload}/{factor}"] = {p: res[p].mean_jct_s for p in ABLATION}
+            out[f"{workload}/{factor}"] = jct
         lines.append("")
     return out
 
 
 def _policies(args: argparse.Namespace) -> int:
     parse_policies(args.policy)
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        raise ValueError(f"--seeds must list integers, got {args.seeds!r}") from None
+    if args.programs < 1:
+        raise ValueError(f"--programs must be >= 1, got {args.programs}")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     studies = set(args.studies.split(","))
@@ -185,16 +240,18 @@ def _policies(args: argparse.Namespace) -> int:
     lines = [
         "# Policy comparison (generated by `cachettl bench policies`)",
         "",
-        f"{args.programs} programs per run, seed {args.seed}.",
+        f"{args.programs} programs per run; each figure is the mean over seeds "
+        f"{', '.join(map(str, seeds))} (the doubling load is found on seed {seeds[0]}).",
         "",
     ]
     summary: dict[str, object] = {}
+    runs = _Runs(args.programs, seeds)
     if "load" in studies:
-        summary["load"] = _load_study(args, out, lines)
+        summary["load"] = _load_study(args, runs, out, lines)
     if "turns" in studies:
-        summary["turns"] = _turns_study(args, lines)
+        summary["turns"] = _turns_study(runs, lines)
     if "ablation" in studies:
-        summary["ablation"] = _ablation_study(args, lines)
+        summary["ablation"] = _ablation_study(runs, lines)
     (out / "policies.md").write_text("\n".join(lines) + "\n")
     (out / "policies.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"wrote {out / 'policies.md'}")
