@@ -62,6 +62,11 @@ def register(
     _engine_arguments(sim)
     sim.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    sim.add_argument(
+        "--timeline",
+        metavar="DIR",
+        help="write each policy's memory timeline (pinned/used share, queue) as DIR/NAME.csv",
+    )
     sim.set_defaults(handler=_simulate)
 
     trace = commands.add_parser("trace", help="generate or inspect agent traces")
@@ -125,8 +130,18 @@ def _simulate(args: argparse.Namespace) -> int:
     config = _config(args)
     programs = load_programs(args)
     progress = Progress(len(programs) * (len(policies) + 1), not args.quiet and sys.stderr.isatty())
+    timeline = None
+    if args.timeline:
+        from pathlib import Path
+
+        timeline = Path(args.timeline)
+        if timeline.exists() and not timeline.is_dir():
+            raise ValueError(f"--timeline: {args.timeline!r} is not a directory")
+        timeline.mkdir(parents=True, exist_ok=True)
     try:
-        results = run_policies(programs, policies, args.hardware, config, progress)
+        results = run_policies(
+            programs, policies, args.hardware, config, progress, timeline_dir=timeline
+        )
     finally:
         progress.close()
     if args.json:

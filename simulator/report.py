@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TextIO
 
 from estimator import get_profile
@@ -21,13 +23,20 @@ class Progress:
     """A one-line progress bar on stderr, drawn at most every 0.2 s once a run has lasted
     more than a second (short runs print nothing)."""
 
-    def __init__(self, total: int, enabled: bool, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        total: int,
+        enabled: bool,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.total = max(total, 1)
         self.enabled = enabled
         self.stream = stream or sys.stderr
+        self.clock = clock
         self.done = 0
         self.label = ""
-        self._start = time.monotonic()
+        self._start = clock()
         self._drawn = 0.0
         self._shown = False
 
@@ -37,7 +46,7 @@ class Progress:
             self.label = label
         if not self.enabled:
             return
-        now = time.monotonic()
+        now = self.clock()
         if now - self._start < 1.0 or now - self._drawn < 0.2:
             return
         self._drawn = now
@@ -88,8 +97,12 @@ def run_policies(
     config: EngineConfig,
     progress: Progress | None = None,
     isolated: dict[str, float] | None = None,
+    timeline_dir: Path | None = None,
 ) -> dict[str, PolicyMetrics]:
-    """Each policy over the trace, plus (once) the isolated run of every program."""
+    """Each policy over the trace, plus (once) the isolated run of every program.
+
+    With ``timeline_dir``, each policy's memory timeline is written to
+    ``<dir>/<policy>.csv`` (time, pinned share, used share, running, waiting)."""
     check_fits(programs, hardware, config)
     if isolated is None:
         if progress is not None:
@@ -111,8 +124,21 @@ def run_policies(
             config,
             (lambda _: progress.advance()) if progress else None,
         )
-        out[name] = summarise(sim.run(), isolated)
+        result = sim.run()
+        out[name] = summarise(result, isolated)
+        if timeline_dir is not None:
+            _write_timeline(timeline_dir / f"{_file_name(name)}.csv", result.timeline)
     return out
+
+
+def _file_name(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label).strip("_") or "policy"
+
+
+def _write_timeline(path: Path, rows: Sequence[tuple[float, float, float, int, int]]) -> None:
+    lines = ["time_s,pinned_share,used_share,running,waiting"]
+    lines += [f"{t:.3f},{p:.5f},{u:.5f},{r},{w}" for t, p, u, r, w in rows]
+    path.write_text("\n".join(lines) + "\n")
 
 
 _COLUMNS = (

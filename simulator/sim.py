@@ -52,6 +52,9 @@ class RunResult:
     makespan_s: float
     steps: int
     pins: dict[str, int] = field(default_factory=dict)
+    #: ``(time s, pinned share, used share, running, waiting)`` sampled once per
+    #: ``Simulation.sample_every_s`` of simulated time (at step starts).
+    timeline: list[tuple[float, float, float, int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -132,6 +135,9 @@ class Simulation:
         self.results: list[ProgramResult] = []
         self.pin_outcomes: dict[str, int] = {}
         self._states: dict[str, _State] = {}
+        self.sample_every_s = 1.0
+        self._next_sample = 0.0
+        self.timeline: list[tuple[float, float, float, int, int]] = []
         self._stepping = False
         self._pinned_integral = 0.0
         self._steps = 0
@@ -296,7 +302,22 @@ class Simulation:
         self._stepping = True
         return [_StepStart(now, self)]
 
+    def _sample(self, now: float) -> None:
+        pool = self.engine.pool
+        self.timeline.append(
+            (
+                now,
+                self.pins.pinned_blocks / pool.num_blocks,
+                pool.used / pool.num_blocks,
+                len(self.engine.running),
+                len(self.engine.waiting),
+            )
+        )
+        self._next_sample = now + self.sample_every_s
+
     def start_step(self, now: float, horizon: float) -> Iterable[Event]:
+        if now >= self._next_sample:
+            self._sample(now)
         if len(self.pins):
             for _ in self.pins.expire(now, self.engine.waiting_programs()):
                 self.engine.waiting.mark_dirty()
@@ -380,6 +401,7 @@ class Simulation:
             end - first,
             self._steps,
             dict(self.pin_outcomes),
+            self.timeline,
         )
 
 

@@ -97,3 +97,57 @@ def test_bad_trace_names_line_and_field(tmp_path: Path, capsys):
     path.write_text('{"program_id": "a", "arrival_s": 0, "turns": [{"input_tokens": 5}]}\n')
     assert main(["simulate", "--trace", str(path)]) == 2
     assert "line 1: field 'turns[0].tool'" in capsys.readouterr().err
+
+
+def test_progress_bar_draws_after_a_second_and_clears():
+    import io
+
+    from simulator.report import Progress
+
+    now = [0.0]
+    stream = io.StringIO()
+    bar = Progress(10, True, stream, clock=lambda: now[0])
+    bar.advance(label="vllm")
+    assert stream.getvalue() == ""  # short runs print nothing
+    now[0] = 1.5
+    bar.advance(4)
+    assert "5/10 programs" in stream.getvalue()
+    assert "vllm" in stream.getvalue()
+    bar.close()
+    assert stream.getvalue().endswith("\r")
+    quiet = io.StringIO()
+    Progress(10, False, quiet, clock=lambda: 99.0).advance(10)
+    assert quiet.getvalue() == ""
+
+
+def test_timeline_csv_per_policy(tmp_path: Path, capsys):
+    target = tmp_path / "tl"
+    argv = [
+        "simulate",
+        "--workload",
+        "swe",
+        "--programs",
+        "8",
+        "--rate",
+        "0.5",
+        "--kv-tokens",
+        "300000",
+        "--policy",
+        "vllm,oracle",
+        "--timeline",
+        str(target),
+    ]
+    assert main(argv) == 0
+    rows = (target / "oracle.csv").read_text().splitlines()
+    assert rows[0] == "time_s,pinned_share,used_share,running,waiting"
+    samples = [tuple(float(x) for x in r.split(",")) for r in rows[1:]]
+    assert len(samples) > 10
+    assert all(0.0 <= s[1] <= s[2] <= 1.0 for s in samples)  # pins are part of used memory
+    assert max(s[1] for s in samples) > 0
+    assert all(
+        s[1] == 0.0
+        for s in (
+            tuple(float(x) for x in r.split(","))
+            for r in (target / "vllm.csv").read_text().splitlines()[1:]
+        )
+    )
