@@ -165,3 +165,33 @@ def test_engine_config_validation():
         EngineConfig(max_num_seqs=0)
     with pytest.raises(ValueError, match="kv_tokens must hold at least one block"):
         EngineConfig(kv_tokens=3)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "vllm",
+        "autellix",
+        "infercept",
+        "continuum-preview",
+        "continuum",
+        "cachettl",
+        "oracle",
+        "static-ttl",
+    ],
+)
+@pytest.mark.parametrize("cpu", [0, 100_000])
+def test_every_block_comes_back(policy, cpu):
+    # A small pool under heavy load: many preemptions and pressure releases; afterwards
+    # no block may be missing or double-counted.
+    programs = generate("swe", 25, rate=0.5, seed=7)
+    config = EngineConfig(kv_tokens=160_000, cpu_tier_tokens=cpu)
+    sim = Simulation(programs, get_scheduling_policy(policy), HW, config)
+    result = sim.run()
+    assert len(result.programs) == 25
+    pool = sim.engine.pool
+    assert pool.used == 0
+    assert pool.free == pool.num_blocks
+    assert sim.pins.pinned_blocks == 0
+    assert not sim.engine.running
+    assert not sim.engine.waiting
