@@ -46,11 +46,18 @@ def register(
     """Add this package's subcommands to `cachettl` and `cachettl bench`."""
     from simulator.policies import POLICIES
 
+    lines = [f"  {name:18s} {cls.help}" for name, cls in sorted(POLICIES.items())]
+    lines.append(f"  {'isolated':18s} each program alone (the lower bound)")
+    params = POLICIES["cachettl"].PARAMS
+    lines += ["", "parameters of pinning policies, NAME(key=value,...):"]
+    for key, param in params.items():
+        default = getattr(param.default, "value", param.default)
+        lines.append(f"  {key:18s} {param.help} (cachettl: {default})")
     sim = commands.add_parser(
         "simulate",
         help="replay agent programs on a simulated engine under several policies",
-        description="Policies: "
-        + "; ".join(f"{name}: {cls.help}" for name, cls in sorted(POLICIES.items())),
+        description="policies:\n" + "\n".join(lines),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _workload_arguments(sim, trace=True)
     sim.add_argument(

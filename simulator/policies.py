@@ -334,7 +334,7 @@ _PRESSURE = Param(
 _VICTIMS = Param(
     _choice("latest-arrival", "lowest-loss", "latest-expiry"),
     "latest-arrival",
-    "which pins go first under pressure (latest-expiry: one per step, as the preview code)",
+    "which pins go first under pressure (latest-expiry: one per step)",
 )
 _CAP = Param(_non_negative, math.inf, "hard TTL cap, seconds")
 _MIN_SAMPLES = Param(_count, 100, "samples a duration model needs before it is trusted (K)")
