@@ -333,7 +333,7 @@ class Simulation:
         steps = 1
         if not reload and (blocked or not self.engine.waiting):
             limit = horizon
-            if blocked and len(self.pins):
+            if len(self.pins):  # an expiry changes memory (and maybe admission)
                 limit = min(limit, self.pins.next_expiry() or math.inf)
             steps, dt = self._fast_forward(scheduled, now, dt, limit)
         self._pinned_integral += self.pins.pinned_blocks * dt
