@@ -228,9 +228,7 @@ def hook_overhead(config: BenchConfig, model: Path) -> dict[str, float]:
         "policy_params": {"ttl_s": 600.0, "skip_slow_tools": False},
         "budget_fraction": 1.0,
     }
-    llm = LLM(
-        **_engine_args(config, model, hook, num_gpu_blocks_override=pins * 3, max_num_seqs=64)
-    )
+    llm = LLM(**_engine_args(config, model, hook, num_gpu_blocks_override=pins * 3, max_num_seqs=8))
     engine = llm.llm_engine
     core: Any = engine.engine_core  # in-process client: the EngineCore is right here
     scheduler = core.engine_core.scheduler
@@ -246,9 +244,14 @@ def hook_overhead(config: BenchConfig, model: Path) -> dict[str, float]:
             engine.step()
         held = len(scheduler.pins)
         before = scheduler.metrics.snapshot()
-        for i in range(200):  # traffic while the pins are held
-            ids = [rng.randrange(*_VOCAB) for _ in range(40)]
-            engine.add_request(f"new-{i}", {"prompt_token_ids": ids}, params, session_id=f"new-{i}")
+        traffic = SamplingParams(
+            max_tokens=32, temperature=0.0, ignore_eos=True, extra_args={"tool": "bash"}
+        )
+        for i in range(64):  # traffic while the pins are held: hundreds of schedule() calls
+            ids = [rng.randrange(*_VOCAB) for _ in range(200)]
+            engine.add_request(
+                f"new-{i}", {"prompt_token_ids": ids}, traffic, session_id=f"new-{i}"
+            )
         while engine.has_unfinished_requests():
             engine.step()
         after = scheduler.metrics.snapshot()
@@ -256,8 +259,10 @@ def hook_overhead(config: BenchConfig, model: Path) -> dict[str, float]:
         seconds = after["hook_us_per_schedule"] * after["schedule_calls"] - (
             before["hook_us_per_schedule"] * before["schedule_calls"]
         )
+        vllm_seconds = after["vllm_schedule_s"] - before["vllm_schedule_s"]
         return {
             "pins_held": float(held),
+            "vllm_us_per_schedule": 1e6 * vllm_seconds / max(1, calls),
             "schedule_calls": float(calls),
             "hook_us_per_schedule": seconds / max(1, calls),
         }
@@ -272,6 +277,7 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # keep stdout for the report
     model_dir = config.model_dir or str(Path.home() / ".cache" / "cachettl" / "tiny-llama")
     model = build_tiny_llama(model_dir)
     hook = {

@@ -15,6 +15,7 @@ keep improving when no control plane is configured or it is down.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -42,6 +43,10 @@ class TtlDecider:
         self._models = self.policy.new_models(profile, min_samples=min_samples)
         self._lock = threading.Lock()
         self.snapshot_version = ""
+        self._pending: queue.SimpleQueue[ToolCallEvent | ProgramEndEvent | None] = (
+            queue.SimpleQueue()
+        )
+        self._learner: threading.Thread | None = None
 
     @property
     def models(self) -> Models:
@@ -77,7 +82,8 @@ class TtlDecider:
             turns_served=turns_served,
             reload_cost_s=reload_cost_s,
         )
-        return self.policy.decide(facts, self._models)
+        with self._lock:
+            return self.policy.decide(facts, self._models)
 
     def learn(self, event: ToolCallEvent | ProgramEndEvent) -> None:
         """Update the local snapshot with one of the engine's own events."""
@@ -91,6 +97,36 @@ class TtlDecider:
             )
             if event.queue_delay_sample:
                 models.record_queue_delay(event.admission_delay_s, tenant=event.tenant)
+
+    def learn_later(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+        """Queue ``event`` for :meth:`learn` on a background thread (returns at once)."""
+        if self._learner is None:
+            self._learner = threading.Thread(
+                target=self._learn_loop, name="cachettl-learn", daemon=True
+            )
+            self._learner.start()
+        self._pending.put(event)
+
+    def _learn_loop(self) -> None:
+        while (event := self._pending.get()) is not None:
+            try:
+                self.learn(event)
+            except ValueError:  # an out-of-range sample: skip it, keep learning
+                continue
+
+    def wait_learned(self, timeout_s: float = 10.0) -> bool:
+        """Block until every queued event was learned (stops the thread; the next
+        :meth:`learn_later` starts a new one)."""
+        learner, self._learner = self._learner, None
+        if learner is None:
+            return True
+        self._pending.put(None)
+        learner.join(timeout_s)
+        return not learner.is_alive()
+
+    def close(self) -> None:
+        """Learn what is queued and stop the background thread."""
+        self.wait_learned()
 
     def learn_prefill(self, tokens: int, seconds: float) -> None:
         """One observed prefill timing for the cost model."""

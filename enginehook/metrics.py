@@ -34,6 +34,7 @@ class HookMetrics:
         self.events_emitted = 0
         self.schedule_calls = 0
         self.hook_seconds = 0.0
+        self.vllm_schedule_seconds = 0.0
 
     def set_gauges(self, *, pins: int, blocks: int) -> None:
         """Current pins held and blocks they hold."""
@@ -61,11 +62,13 @@ class HookMetrics:
         with self._lock:
             self.releases[reason] += 1
 
-    def scheduled(self, hook_seconds: float) -> None:
-        """One ``schedule()`` call, of which ``hook_seconds`` were the hook's own work."""
+    def scheduled(self, hook_seconds: float, vllm_seconds: float = 0.0) -> None:
+        """One ``schedule()`` call: ``hook_seconds`` of the hook's own work and
+        ``vllm_seconds`` in vLLM's ``schedule()`` (queue sorting excluded)."""
         with self._lock:
             self.schedule_calls += 1
             self.hook_seconds += hook_seconds
+            self.vllm_schedule_seconds += vllm_seconds
 
     def emitted(self) -> None:
         """An event left for the control plane's queue."""
@@ -87,6 +90,7 @@ class HookMetrics:
                 "decisions": dict(self.decisions),
                 "events_emitted": self.events_emitted,
                 "schedule_calls": self.schedule_calls,
+                "vllm_schedule_s": self.vllm_schedule_seconds,
                 "hook_us_per_schedule": (
                     1e6 * self.hook_seconds / self.schedule_calls if self.schedule_calls else 0.0
                 ),

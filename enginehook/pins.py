@@ -147,6 +147,13 @@ class PinTable(Generic[H]):
         """The program's pin, if it holds one."""
         return self._pins.get(program_id)
 
+    def due(self, now: float) -> bool:
+        """Whether :meth:`expire` has anything to look at (O(1) amortised)."""
+        if self._overdue:
+            return True
+        expiry = self.next_expiry()
+        return expiry is not None and expiry <= now
+
     def next_expiry(self) -> float | None:
         """Earliest expiry among live pins (``None`` when none)."""
         self._drop_stale_heads()

@@ -194,12 +194,12 @@ class CacheTTLMixin:
             return super().schedule(*args, **kwargs)  # type: ignore[misc,no-any-return]
         started = time.perf_counter()
         now = self.clock()
-        if len(self.pins):
+        if self.pins.due(now):
             self.pins.expire(now, self._waiting_programs())
         queue = self.waiting if isinstance(self.waiting, ProgramRequestQueue) else None
         if queue is not None:
             queue.mark_dirty()
-            sorted_before = queue.sort_seconds
+        sorted_before = queue.sort_seconds if queue is not None else 0.0
         before = time.perf_counter()
         output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
         after = time.perf_counter()
@@ -211,9 +211,8 @@ class CacheTTLMixin:
             self._housekeeping(now)
         done = time.perf_counter()
         own = (before - started) + (done - after)
-        if queue is not None:
-            own += queue.sort_seconds - sorted_before
-        self.metrics.scheduled(own)
+        sorting = queue.sort_seconds - sorted_before if queue is not None else 0.0
+        self.metrics.scheduled(own + sorting, after - before - sorting)
         self._step_started = done if output.scheduled_new_reqs else None
         self._step_tokens = output.total_num_scheduled_tokens
         return output
@@ -297,7 +296,9 @@ class CacheTTLMixin:
             benefit_s=decision.benefit_s,
             basis=decision.basis,
             handle=keep,
-            waiting_programs=self._waiting_programs(),
+            waiting_programs=self._waiting_programs()
+            if self.pins.pinned_blocks + len(keep) > self.pins.budget_blocks
+            else (),
         )
         if result.pinned:
             self.metrics.pinned()
@@ -332,7 +333,7 @@ class CacheTTLMixin:
         self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
 
     def _emit(self, event: ToolCallEvent | ProgramEndEvent) -> None:
-        self.decider.learn(event)
+        self.decider.learn_later(event)
         self.sink.submit(event)
         self.metrics.emitted()
 
@@ -366,6 +367,7 @@ class CacheTTLMixin:
 
     def shutdown(self) -> None:
         self.pins.release_all(ReleaseReason.SHUTDOWN)
+        self.decider.close()
         self.sink.close()
         super().shutdown()  # type: ignore[misc]
 

@@ -6,6 +6,7 @@ import pytest
 
 from enginehook.decide import TtlDecider
 from enginehook.tracker import ToolCallTracker
+from estimator import Level
 
 
 def test_local_learning_moves_the_policy_off_cold_start():
@@ -36,3 +37,19 @@ def test_snapshot_replacement_and_client_override():
     assert decider.snapshot_version == "v7"
     d = decider.decide(tool="x", tool_args=None, context_tokens=1, turns_served=0, override_ttl_s=4)
     assert (d.ttl_s, d.basis) == (4, "client")
+
+
+def test_learning_in_the_background():
+    decider = TtlDecider("continuum", min_samples=2)
+    t = ToolCallTracker("e")
+    for k in range(5):
+        t.finished("p", float(k), tool="grep")
+        t.arrived("p", k + 0.1)
+        event = t.admitted("p", k + 0.1, pin_held=True)
+        assert event is not None
+        decider.learn_later(event)
+    assert decider.wait_learned()
+    model = decider.models.durations.model(Level.TOOL, "grep")
+    assert model is not None
+    assert model.n_samples == 5
+    decider.close()

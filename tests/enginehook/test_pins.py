@@ -178,3 +178,15 @@ def test_random_operations_keep_block_count_and_heap_consistent():
         assert table.pinned_blocks == sum(p.blocks for p in table) <= 50
         assert all(p.ttl_s <= 5.0 for p in table)
     assert len(table._heap) <= 4 * len(table) + 65
+
+
+def test_due_is_cheap_and_exact():
+    table, _ = _table()
+    assert not table.due(0.0)
+    table.pin("a", 1, now=0.0, ttl_s=2.0)
+    assert not table.due(1.9)
+    assert table.due(2.0)
+    table.expire(2.0, {"a"})
+    assert table.due(2.0)  # overdue, kept for its waiting request
+    table.admitted("a")
+    assert not table.due(3.0)
