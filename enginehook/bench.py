@@ -69,6 +69,8 @@ class BenchConfig:
         default_factory=lambda: {"saturated": 0.1, "unsaturated": 1.0}
     )
     overhead_pins: int = 1000
+    repeats: int = 2
+    order_window_s: float = 0.0
     model_dir: str = ""
 
 
@@ -198,22 +200,42 @@ def _engine_args(
     return args
 
 
-async def _run_engine(
-    config: BenchConfig, model: Path, hook: dict[str, Any] | None
-) -> dict[str, RunResult]:
+async def _start(config: BenchConfig, model: Path, hook: dict[str, Any] | None) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**_engine_args(config, model, hook)))
-    results: dict[str, RunResult] = {}
+    # Warm-up: compile and touch every code path once, outside the measurement.
+    await _replay(engine, make_trace(BenchConfig(programs=2, seed=99), 0.01), 99)
+    return engine
+
+
+async def _run_pair(
+    config: BenchConfig, model: Path, hook: dict[str, Any]
+) -> dict[str, dict[str, RunResult]]:
+    """Both engines up at once; replays alternate stock/hook so that background load on a
+    shared machine hits both alike."""
+    stock = await _start(config, model, None)
+    ours = await _start(config, model, hook)
+    engines = {"stock": stock, "cachettl": ours}
+    results: dict[str, dict[str, RunResult]] = {name: {} for name in engines}
     try:
-        # Warm-up: compile and touch every code path once, outside the measurement.
-        await _replay(engine, make_trace(BenchConfig(programs=2, seed=99), 0.01), 99)
         for regime, compress in config.regimes.items():
-            await engine.reset_prefix_cache()
-            results[regime] = await _replay(engine, make_trace(config, compress), config.seed)
+            trace = make_trace(config, compress)
+            for rep in range(config.repeats):
+                order = ["stock", "cachettl"] if rep % 2 == 0 else ["cachettl", "stock"]
+                for name in order:
+                    await engines[name].reset_prefix_cache()
+                    run = await _replay(engines[name], trace, config.seed)
+                    merged = results[name].setdefault(regime, RunResult())
+                    merged.jct_s += run.jct_s
+                    merged.first_wait_s += run.first_wait_s
+                    merged.prompt_tokens += run.prompt_tokens
+                    merged.cached_tokens += run.cached_tokens
+                    merged.wall_s += run.wall_s / config.repeats
     finally:
-        engine.shutdown()
+        stock.shutdown()
+        ours.shutdown()
     return results
 
 
@@ -284,9 +306,10 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         "policy": config.policy,
         "policy_params": config.policy_params,
         "min_samples": config.min_samples,
+        "order_window_s": config.order_window_s,
     }
-    stock = asyncio.run(_run_engine(config, model, None))
-    ours = asyncio.run(_run_engine(config, model, hook))
+    both = asyncio.run(_run_pair(config, model, hook))
+    stock, ours = both["stock"], both["cachettl"]
     regimes: dict[str, Any] = {}
     for regime in config.regimes:
         s, c = stock[regime].summary(), ours[regime].summary()
@@ -312,6 +335,8 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
             "policy": config.policy,
             "policy_params": config.policy_params,
             "min_samples": config.min_samples,
+            "order_window_s": config.order_window_s,
+            "repeats": config.repeats,
             "cpu_count": os.cpu_count(),
         },
     }

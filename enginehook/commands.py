@@ -34,6 +34,13 @@ def register(
         help="NAME=COMPRESSION of arrivals and tool gaps, comma-separated (first is headline)",
     )
     p.add_argument("--overhead-pins", type=int, default=1000, help="0 skips the overhead run")
+    p.add_argument("--repeats", type=int, default=2, help="alternating replays per regime")
+    p.add_argument(
+        "--order-window",
+        type=float,
+        default=0.0,
+        help="hook's order_window_s (0: the paper's unbounded program order)",
+    )
     p.set_defaults(handler=_bench_vllm)
 
 
@@ -76,6 +83,10 @@ def _bench_vllm(args: argparse.Namespace) -> int:
         raise ValueError("--overhead-pins must be in [0, 5000]")
     if args.min_samples < 0:
         raise ValueError("--min-samples must be >= 0")
+    if not 1 <= args.repeats <= 20:
+        raise ValueError("--repeats must be in [1, 20]")
+    if not 0 <= args.order_window <= 3600:
+        raise ValueError("--order-window must be in [0, 3600] seconds")
     params = _parse_params(args.policy_param)
     if args.policy == "cachettl" and not args.policy_param:
         params = {"ttl_cap_s": 30.0}
@@ -88,6 +99,8 @@ def _bench_vllm(args: argparse.Namespace) -> int:
         min_samples=args.min_samples,
         regimes=_parse_regimes(args.regimes),
         overhead_pins=args.overhead_pins,
+        repeats=args.repeats,
+        order_window_s=args.order_window,
     )
     report = run_bench(config)
     if args.json:
@@ -102,7 +115,8 @@ def _print(report: dict[str, Any]) -> None:
     print(
         f"vLLM CPU engine, tiny Llama; {cfg['programs']} programs, {cfg['blocks']} blocks of "
         f"{cfg['block_size']}, max {cfg['max_num_seqs']} seqs; hook policy {cfg['policy']} "
-        f"{cfg['policy_params']}"
+        f"{cfg['policy_params']}, order window {cfg['order_window_s']} s, "
+        f"{cfg['repeats']} alternating replays per regime, {cfg['cpu_count']} CPUs"
     )
     print(
         f"{'regime':<12} {'':<9} {'mean JCT':>9} {'P90 JCT':>9} {'1st wait P90':>13} "
@@ -123,5 +137,6 @@ def _print(report: dict[str, Any]) -> None:
         o = report["overhead"]
         print(
             f"hook cost per schedule(): {o['hook_us_per_schedule']:.1f} µs with "
-            f"{o['pins_held']:.0f} pins held ({o['schedule_calls']:.0f} calls)"
+            f"{o['pins_held']:.0f} pins held ({o['schedule_calls']:.0f} calls; vLLM's own "
+            f"schedule(): {o['vllm_us_per_schedule']:.1f} µs)"
         )

@@ -37,12 +37,15 @@ class HookConfig:
     ``min_samples``: cold-start threshold K of the duration models.
     ``ttl_cap_s``: hard cap on any TTL. ``budget_fraction``: most of the KV pool pinned.
     ``pressure``: when pins may be released for memory (``running``, ``always``, ``never``).
-    ``order``: program-level ordering of the waiting queue.
+    ``order``: program-level ordering of the waiting queue. ``order_window_s``: a
+    returning turn overtakes only requests that arrived less than this before it (0: no
+    bound, the paper's order); bounds new programs' first-turn wait.
     ``tenant``: the tenant this engine's events and decisions belong to.
     ``control_plane``: ``host:port`` of the control plane (empty: none).
     ``token``: bearer token for the control plane. ``spill_dir``: where undelivered events
     are spilled (default: a temporary folder). ``event_log``: a JSON Lines file that
-    receives every pin/release/event record (empty: none).
+    receives every tool-call and program-end event (empty: none). ``metrics_listen``:
+    ``host:port`` where the hook serves ``/metrics`` in Prometheus format (empty: off).
     """
 
     enabled: bool = True
@@ -54,16 +57,18 @@ class HookConfig:
     budget_fraction: float = 0.3
     pressure: str = PressureRule.RUNNING.value
     order: bool = True
+    order_window_s: float = 0.0
     tenant: str = "default"
     control_plane: str = ""
     token: str = ""
     spill_dir: str = ""
     event_log: str = ""
+    metrics_listen: str = ""
     idle_program_s: float = 3600.0
 
     def __post_init__(self) -> None:
         PressureRule.parse(self.pressure)
-        for name in ("ttl_cap_s", "idle_program_s"):
+        for name in ("ttl_cap_s", "idle_program_s", "order_window_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"additional_config.cachettl.{name} must be >= 0, got {value!r}")

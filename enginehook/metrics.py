@@ -120,3 +120,34 @@ class HookMetrics:
             for b, n in sorted(s["decisions"].items())
         ]
         return "\n".join(lines) + "\n"
+
+
+def serve_metrics(metrics: HookMetrics, listen: str) -> tuple[Any, int]:
+    """Serve ``GET /metrics`` (Prometheus text) on ``listen`` ("host:port", port 0: any)
+    from a daemon thread; returns the server and its port."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(
+            f"additional_config.cachettl.metrics_listen must be HOST:PORT, got {listen!r}"
+        )
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/metrics":
+                self.send_error(404)
+                return
+            body = metrics.prometheus().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    threading.Thread(target=server.serve_forever, name="cachettl-metrics", daemon=True).start()
+    return server, int(server.server_address[1])

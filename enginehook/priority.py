@@ -27,7 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-__all__ = ["PriorityKey", "ProgramArrivals", "SortedWaitQueue", "priority_key"]
+__all__ = [
+    "PriorityKey",
+    "ProgramArrivals",
+    "SortedWaitQueue",
+    "effective_program_arrival",
+    "priority_key",
+]
 
 PriorityKey = tuple[int, int, float, float, str]
 T = TypeVar("T")
@@ -51,6 +57,23 @@ def priority_key(
         arrival,
         request_id,
     )
+
+
+def effective_program_arrival(first_arrival: float, arrival: float, window_s: float) -> float:
+    """The program arrival a request is ordered by, with a bounded head start.
+
+    With ``window_s > 0`` a returning turn can overtake only requests that arrived less
+    than ``window_s`` before it, which bounds how long new programs' first turns wait;
+    ``window_s == 0`` is the paper's unbounded program-level order.
+
+    >>> effective_program_arrival(100.0, 130.0, 0.0)
+    100.0
+    >>> effective_program_arrival(100.0, 130.0, 5.0)
+    125.0
+    """
+    if window_s <= 0:
+        return first_arrival
+    return max(first_arrival, arrival - window_s)
 
 
 class ProgramArrivals:

@@ -36,10 +36,15 @@ from enginehook.decide import TtlDecider
 from enginehook.detect import detect_tool_call
 from enginehook.hints import Hints
 from enginehook.link import EventSink, build_sink
-from enginehook.metrics import HookMetrics
+from enginehook.metrics import HookMetrics, serve_metrics
 from enginehook.pins import Pin, PinTable, ReleaseReason
 from enginehook.pressure import may_release
-from enginehook.priority import ProgramArrivals, SortedWaitQueue, priority_key
+from enginehook.priority import (
+    ProgramArrivals,
+    SortedWaitQueue,
+    effective_program_arrival,
+    priority_key,
+)
 from enginehook.tracker import ProgramEndEvent, ToolCallEvent, ToolCallTracker
 
 __all__ = ["CacheTTLAsyncScheduler", "CacheTTLMixin", "CacheTTLScheduler", "ProgramRequestQueue"]
@@ -152,6 +157,10 @@ class CacheTTLMixin:
         self._step_started: float | None = None
         self._step_tokens = 0
         self.sink: EventSink = build_sink(self.cachettl, self.decider, self.tracker.engine_id)
+        self._metrics_server: Any = None
+        if self.cachettl.metrics_listen:
+            self._metrics_server, port = serve_metrics(self.metrics, self.cachettl.metrics_listen)
+            logger.info("CacheTTL metrics on port %d", port)
         if self.cachettl.enabled and self.cachettl.order:
             self.waiting = ProgramRequestQueue(self._priority)
         self._allocate = self.kv_cache_manager.allocate_slots
@@ -178,7 +187,11 @@ class CacheTTLMixin:
         return priority_key(
             request.status == RequestStatus.PREEMPTED,
             program is not None and program in self.pins,
-            self.arrivals.first(program, request.arrival_time),
+            effective_program_arrival(
+                self.arrivals.first(program, request.arrival_time),
+                request.arrival_time,
+                self.cachettl.order_window_s,
+            ),
             request.arrival_time,
             request.request_id,
         )
@@ -369,6 +382,8 @@ class CacheTTLMixin:
         self.pins.release_all(ReleaseReason.SHUTDOWN)
         self.decider.close()
         self.sink.close()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
         super().shutdown()  # type: ignore[misc]
 
     # -- helpers -----------------------------------------------------------------------

@@ -84,3 +84,14 @@ def test_prepend_goes_first_until_next_sort_and_remove():
     q.pop()
     with pytest.raises(IndexError):
         q.peek()
+
+
+def test_order_window_bounds_the_head_start_of_returning_turns():
+    from enginehook.priority import effective_program_arrival
+
+    newcomer = priority_key(False, False, 50.0, 50.0, "new")
+    soon = priority_key(False, False, effective_program_arrival(0.0, 52.0, 5.0), 52.0, "old-a")
+    late = priority_key(False, False, effective_program_arrival(0.0, 60.0, 5.0), 60.0, "old-b")
+    unbounded = priority_key(False, False, effective_program_arrival(0.0, 60.0, 0.0), 60.0, "x")
+    assert soon < newcomer < late
+    assert unbounded < newcomer

@@ -70,7 +70,7 @@ class Stack:
     model: str
     plane: ControlPlaneProcess
     event_log: Path
-    rng_seed: int = 0
+    metrics_port: int
 
     def client(self) -> Any:
         from openai import OpenAI
@@ -88,6 +88,7 @@ def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     plane = ControlPlaneProcess(db, _free_port(), work / "cp.log")
     plane.start()
     event_log = work / "events.jsonl"
+    metrics_port = _free_port()
     hook = {
         "policy": "fixed",
         "policy_params": {"ttl_s": 60.0, "skip_slow_tools": False},
@@ -95,6 +96,7 @@ def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "token": token,
         "spill_dir": str(work / "spill"),
         "event_log": str(event_log),
+        "metrics_listen": f"127.0.0.1:{metrics_port}",
     }
     port = _free_port()
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model)]
@@ -118,7 +120,7 @@ def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
     try:
         _wait(healthy, 300, "the vLLM server")
-        yield Stack(f"http://127.0.0.1:{port}/v1", str(tiny_model), plane, event_log)
+        yield Stack(f"http://127.0.0.1:{port}/v1", str(tiny_model), plane, event_log, metrics_port)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -231,6 +233,12 @@ def test_pinned_agent_gets_cached_prefix_and_unpinned_does_not(stack):
             by_program.setdefault(e["program_id"], []).append(e["outcome"])
     assert by_program["agent-A"] == ["hit", "hit"]
     assert by_program["agent-B"] == ["not_pinned", "not_pinned"]
+    url = f"http://127.0.0.1:{stack.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert int(lines["cachettl_pinned_prefix_hits_total"]) >= 2
+    assert int(lines['cachettl_ttl_decisions_total{basis="fixed"}']) >= 2
 
 
 def test_control_plane_killed_mid_run_serving_continues_no_event_lost(stack):
