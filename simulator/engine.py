@@ -129,16 +129,21 @@ class Engine:
     def idle(self) -> bool:
         return not self.running and not self.waiting
 
-    def _release_request(self, request: Request) -> None:
-        """Free a request's blocks into the prefix cache (and write it to the CPU tier)."""
-        self.pool.release(request.program_id, request.blocks, self._full_blocks(request.computed))
+    def _store_cpu(self, request: Request) -> None:
+        """Write-through to the CPU tier (LMCache stores every computed prefix, whether or
+        not the GPU copy is then pinned)."""
         if self.cpu is not None:
             tokens = self._full_blocks(request.computed) * self.config.block_size
             self.cpu.store(request.program_id, tokens)
+
+    def _release_request(self, request: Request) -> None:
+        """Free a request's blocks into the prefix cache."""
+        self.pool.release(request.program_id, request.blocks, self._full_blocks(request.computed))
         request.blocks = 0
 
     def _preempt(self, victim: Request) -> None:
         self.running.remove(victim)
+        self._store_cpu(victim)
         self._release_request(victim)
         # Recompute: the tokens generated so far become part of the prompt.
         victim.prompt_tokens += victim.generated
@@ -265,6 +270,7 @@ class Engine:
                 request.generated += 1
             if request.generated >= request.output_tokens:
                 self.running.remove(request)
+                self._store_cpu(request)
                 self.host.on_finish(request, now)
 
     def finish_release(self, request: Request) -> None:

@@ -195,3 +195,17 @@ def test_every_block_comes_back(policy, cpu):
     assert sim.pins.pinned_blocks == 0
     assert not sim.engine.running
     assert not sim.engine.waiting
+
+
+def test_cpu_tier_holds_the_latest_prefix_of_a_pinned_turn():
+    # a's first turn is pinned (2 s, preview policy), the pin expires during a 5 s tool,
+    # b then evicts a's GPU copy: a's return reloads its whole prefix from the CPU tier,
+    # because the tier is written through when a turn finishes, pinned or not.
+    config = EngineConfig(kv_tokens=50 * 16, cpu_tier_tokens=10_000)
+    a = _program("a", 0.0, [Turn(300, 2, "ls", None, 5.0), Turn(20, 2)])
+    b = _program("b", 3.0, [Turn(700, 2)])
+    result = simulate([a, b], "continuum-preview", HW, config)
+    assert result.pins == {"ttl": 1}
+    assert result.hit_tokens == (301 // 16) * 16
+    no_tier = simulate([a, b], "continuum-preview", HW, EngineConfig(kv_tokens=50 * 16))
+    assert no_tier.hit_tokens < (301 // 16) * 16
