@@ -29,9 +29,10 @@ from collections.abc import Callable, Collection, Container
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from enginehook.config import HookConfig
 from enginehook.pins import Pin
 from enginehook.pressure import PressureRule, choose_victims, may_release
-from enginehook.priority import priority_key
+from enginehook.priority import effective_program_arrival, priority_key
 from estimator import (
     CostModel,
     Decision,
@@ -159,6 +160,11 @@ class SchedulingPolicy:
 
     def key(self, r: Request) -> tuple[Any, ...]:
         return (0 if r.preempted else 1, r.arrival, r.request_id)
+
+    def tool_key(self, tool: str, args: str | None) -> str:
+        """The tool name the policy learns and decides by (the paper's parser: a shell
+        command's first word)."""
+        return paper_tool_key(tool, args)
 
     def preemption_victim(self, running: list[Request]) -> Request:
         """The running request to preempt when one cannot grow (vLLM FCFS: the newest)."""
@@ -339,13 +345,21 @@ _VICTIMS = Param(
 _CAP = Param(_non_negative, math.inf, "hard TTL cap, seconds")
 _MIN_SAMPLES = Param(_count, 100, "samples a duration model needs before it is trusted (K)")
 _BUDGET = Param(_non_negative, 1.0, "share of the KV pool pins may hold at once")
+_WINDOW = Param(
+    _non_negative,
+    0.0,
+    "a returning turn overtakes only requests that arrived less than this before it (0: no bound)",
+)
 _PINNING_PARAMS = {
     "pressure": _PRESSURE,
     "victim": _VICTIMS,
     "ttl_cap_s": _CAP,
     "min_samples": _MIN_SAMPLES,
     "budget_share": _BUDGET,
+    "order_window_s": _WINDOW,
 }
+#: The engine hook's shipped defaults: ``cachettl`` here runs with the same settings.
+_HOOK = HookConfig()
 
 
 class _Pinning(SchedulingPolicy):
@@ -359,6 +373,7 @@ class _Pinning(SchedulingPolicy):
     ttl_cap_s: float
     min_samples: int
     budget_share: float
+    order_window_s: float
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -386,13 +401,18 @@ class _Pinning(SchedulingPolicy):
         durations = DurationHierarchy(
             min_samples=self.min_samples,
             forget_on_drift=self._ttl.forgets_on_drift,
-            signatures=SignatureRegistry(default=_auto_signature),
+            signatures=self.signatures(),
         )
         self.models = Models(durations, CostModel.from_profile(self.profile))
 
+    def signatures(self) -> SignatureRegistry:
+        """How tool arguments become invocation keys."""
+        return SignatureRegistry(default=_auto_signature)
+
     def key(self, r: Request) -> tuple[Any, ...]:
         pinned = r.program_id in self.pinned_programs()
-        return priority_key(r.preempted, pinned, r.program_arrival, r.arrival, r.request_id)
+        first = effective_program_arrival(r.program_arrival, r.arrival, self.order_window_s)
+        return priority_key(r.preempted, pinned, first, r.arrival, r.request_id)
 
     def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:
         assert self.models is not None
@@ -419,7 +439,7 @@ class _Pinning(SchedulingPolicy):
 
     def observe_tool(self, tool: str, args: str | None, duration: float, tenant: str) -> None:
         assert self.models is not None
-        self.models.record_tool_call(paper_tool_key(tool, args), args, duration, tenant)
+        self.models.record_tool_call(self.tool_key(tool, args), args, duration, tenant)
 
     def observe_queue_delay(self, delay: float, tenant: str) -> None:
         assert self.models is not None
@@ -449,10 +469,26 @@ class Continuum(_Pinning):
 
 @_register
 class Cachettl(_Pinning):
+    """Ours, with the engine hook's shipped defaults (``enginehook.config.HookConfig``):
+    pressure rule, TTL cap, pinned-memory budget, K and order window."""
+
     name = "cachettl"
-    help = "ours (estimator 'cachettl'), models learned online, lowest-loss victims"
+    help = "ours (estimator 'cachettl') with the engine hook's defaults, lowest-loss victims"
     estimator_policy = "cachettl"
-    PARAMS = _with_defaults(pressure=PressureRule.RUNNING, victim="lowest-loss", ttl_cap_s=300.0)
+    PARAMS = _with_defaults(
+        pressure=PressureRule.parse(_HOOK.pressure),
+        victim="lowest-loss",
+        ttl_cap_s=_HOOK.ttl_cap_s,
+        budget_share=_HOOK.budget_fraction,
+        min_samples=_HOOK.min_samples,
+        order_window_s=_HOOK.order_window_s,
+    )
+
+    def tool_key(self, tool: str, args: str | None) -> str:
+        return tool  # as the engine hook reports it (``bash`` + the command line)
+
+    def signatures(self) -> SignatureRegistry:
+        return SignatureRegistry()  # the estimator's default, as shipped
 
 
 @_register

@@ -225,7 +225,7 @@ class Simulation:
             self.engine.finish_release(request)
             return
         facts = RequestFacts(
-            tool=turn.tool,
+            tool=self.policy.tool_key(turn.tool, turn.tool_args),
             tool_args=turn.tool_args,
             context_tokens=request.computed,
             tenant=state.program.tenant,

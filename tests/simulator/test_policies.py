@@ -136,3 +136,20 @@ def test_autellix_preempts_the_worst_priority_running_request():
     heavy = _request("heavy", arrival=1.0, program_arrival=0.0)
     assert policy.preemption_victim([heavy, light]) is heavy
     assert get_scheduling_policy("vllm").preemption_victim([heavy, light]) is light
+
+
+def test_tool_keys_follow_the_paper_for_continuum_and_the_hook_for_cachettl():
+    programs = generate("swe", 80, rate=0.3, seed=3)
+    continuum = get_scheduling_policy("continuum")
+    Simulation(programs, continuum, HW, EngineConfig(kv_tokens=300_000)).run()
+    key = continuum.tool_key("bash", "cd /testbed && grep -n x y.py")
+    assert key == "cd"
+    assert continuum.models is not None
+    decision = continuum.decide(RequestFacts(key, "cd /testbed && grep x", 30_000), 0.0, 0.0)
+    assert decision.basis == "tool"  # cd has > 100 samples: its own CDF, not the pooled one
+    ours = get_scheduling_policy("cachettl")
+    Simulation(programs, ours, HW, EngineConfig(kv_tokens=300_000)).run()
+    assert ours.tool_key("bash", "cd /testbed && ls") == "bash"
+    assert ours.models is not None
+    assert ours.models.durations.tools("default") == ["bash"]
+    assert "cd+grep" in ours.models.durations.signatures_of("bash", "default")
