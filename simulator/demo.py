@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from enginehook.tracker import ToolCallEvent
 from estimator import Decision, RequestFacts
 from simulator.policies import Cachettl
 
@@ -85,7 +86,6 @@ class RemotePolicy(Cachettl):
     def __init__(self, client: Any) -> None:
         super().__init__()
         self.client = client
-        self._pending: dict[str, tuple[int, str, str | None, float]] = {}
         self.calls = 0
 
     def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:
@@ -100,32 +100,24 @@ class RemotePolicy(Cachettl):
         )
         return Decision(d.ttl_s, d.return_probability, d.expected_benefit_s, d.basis, d.benefit_s)
 
-    def observe_return(
-        self, program_id: str, turn: int, tool: str, args: str | None, duration: float, tenant: str
-    ) -> None:
-        self._pending[program_id] = (turn, tool, args, duration)
-
-    def observe_admission(
-        self, program_id: str, delay: float, outcome: str, ttl_s: float, tenant: str
-    ) -> None:
+    def observe_tool_call(self, event: ToolCallEvent) -> None:
         from controlplane.client import PinOutcome, ToolCall
 
-        turn, tool, args, duration = self._pending.pop(program_id)
         pin = {
             "hit": PinOutcome.HIT,
-            "ttl": PinOutcome.EXPIRED,
+            "expired": PinOutcome.EXPIRED,
             "pressure": PinOutcome.RELEASED_UNDER_PRESSURE,
-        }.get(outcome, PinOutcome.NOT_PINNED)
+        }.get(event.outcome, PinOutcome.NOT_PINNED)
         call = ToolCall(
-            f"{program_id}:{turn}",
-            program_id,
-            tool,
-            args or "",
-            duration,
-            turn_index=turn,
-            chosen_ttl_s=ttl_s,
+            event.event_id,
+            event.program_id,
+            event.tool_name,
+            event.tool_args or "",
+            event.duration_s,
+            turn_index=event.turn_index,
+            chosen_ttl_s=event.ttl_s,
             pin_outcome=pin,
-            admission_delay_s=None if pin is PinOutcome.HIT else delay,
+            admission_delay_s=event.admission_delay_s if event.queue_delay_sample else None,
         )
         self.calls += 1
         self.client.record_tool_calls([call])

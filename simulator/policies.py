@@ -33,6 +33,7 @@ from enginehook.config import HookConfig
 from enginehook.pins import Pin
 from enginehook.pressure import PressureRule, choose_victims, may_release
 from enginehook.priority import effective_program_arrival, priority_key
+from enginehook.tracker import ToolCallEvent
 from estimator import (
     CostModel,
     Decision,
@@ -196,21 +197,13 @@ class SchedulingPolicy:
         return 1.0
 
     # Learning hooks (only models-backed policies use them).
-    def observe_return(
-        self, program_id: str, turn: int, tool: str, args: str | None, duration: float, tenant: str
-    ) -> None:
-        """Turn ``turn + 1`` arrived: the tool ``turn`` called took ``duration`` (server
-        side: this arrival − that turn's finish)."""
-        self.observe_tool(tool, args, duration, tenant)
-
-    def observe_admission(
-        self, program_id: str, delay: float, outcome: str, ttl_s: float, tenant: str
-    ) -> None:
-        """A returning turn was admitted ``delay`` after arriving; ``outcome`` is what
-        happened to its program's pin (``hit``, ``ttl``, ``pressure``, ``not_pinned`` …).
-        Delays of turns whose cache had been released feed T."""
-        if outcome != "hit":
-            self.observe_queue_delay(delay, tenant)
+    def observe_tool_call(self, event: ToolCallEvent) -> None:
+        """A returning turn was admitted: its tool call's duration (next arrival − finish),
+        pin outcome and admission delay. Delays of turns whose cache had been released
+        (any outcome but ``hit``) are samples of T."""
+        self.observe_tool(event.tool_name, event.tool_args, event.duration_s, event.tenant)
+        if event.queue_delay_sample:
+            self.observe_queue_delay(event.admission_delay_s, event.tenant)
 
     def observe_tool(self, tool: str, args: str | None, duration: float, tenant: str) -> None:
         pass

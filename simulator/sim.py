@@ -1,8 +1,10 @@
 """A simulation run: programs → LLM turn → tool gap → next turn, on one engine.
 
 :class:`Simulation` owns the event loop, the engine, the pin table (the shipped
-:class:`enginehook.pins.PinTable`) and one scheduling policy. Tool durations seen by the
-policy are measured the way the server measures them: next arrival − finish.
+:class:`enginehook.pins.PinTable`) and one scheduling policy. Tool calls are followed by the
+shipped :class:`enginehook.tracker.ToolCallTracker` (duration = next arrival − finish,
+pin outcome, admission delay), whose events the policy learns from at admission, as in
+the engine hook.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from enginehook.pins import Pin, PinTable, ReleaseReason
+from enginehook.tracker import ToolCallTracker
 from estimator import HardwareProfile, RequestFacts, get_profile
 from simulator.engine import Engine, EngineConfig, Request
 from simulator.loop import ARRIVAL, STEP_END, STEP_START, Event, EventLoop
@@ -62,10 +65,7 @@ class _State:
     program: Program
     next_turn: int = 0
     context: int = 0
-    finished_at: float = 0.0
     first_wait: float = math.nan
-    ttl_s: float = 0.0
-    outcome: str = "not_pinned"
 
 
 class _Arrival(Event):
@@ -135,6 +135,7 @@ class Simulation:
         self.results: list[ProgramResult] = []
         self.pin_outcomes: dict[str, int] = {}
         self._states: dict[str, _State] = {}
+        self._trackers: dict[str, ToolCallTracker] = {}
         self.sample_every_s = 1.0
         self._next_sample = 0.0
         self.timeline: list[tuple[float, float, float, int, int]] = []
@@ -149,6 +150,15 @@ class Simulation:
     def _running_context(self) -> int:
         return sum(r.computed for r in self.engine.running)
 
+    def tracker(self, program_id: str) -> ToolCallTracker:
+        """The tool-call tracker of the program's tenant (the hook runs one per engine
+        and tenant)."""
+        tenant = self._states[program_id].program.tenant
+        tracker = self._trackers.get(tenant)
+        if tracker is None:
+            tracker = self._trackers[tenant] = ToolCallTracker("sim", tenant)
+        return tracker
+
     def pinned_blocks_of(self, program_id: str) -> int:
         pin = self.pins.get(program_id)
         return pin.handle[0] if pin is not None and pin.handle is not None else 0
@@ -158,6 +168,7 @@ class Simulation:
         if pin is None or pin.handle is None:
             return 0
         given = min(pin.handle[0], (request.prompt_tokens - 1) // self.config.block_size)
+        request.extra["pin_hit"] = True
         self.engine.pool.release(request.program_id, pin.blocks - given, 0)
         return given
 
@@ -180,9 +191,7 @@ class Simulation:
 
     def _on_pin_release(self, pin: Pin[PinHandle], reason: ReleaseReason) -> None:
         self.pin_outcomes[reason.value] = self.pin_outcomes.get(reason.value, 0) + 1
-        state = self._states.get(pin.program_id)
-        if state is not None:
-            state.outcome = reason.value
+        self.tracker(pin.program_id).pin_released(pin.program_id, reason)
         if reason is not ReleaseReason.HIT and pin.handle is not None:
             self.engine.pool.release(pin.program_id, pin.blocks, pin.handle[0])
 
@@ -193,26 +202,27 @@ class Simulation:
         state: _State = request.extra["state"]
         if request.turn == 0:
             state.first_wait = now - request.arrival
-        else:
-            self.policy.observe_admission(
-                state.program.program_id,
-                now - request.arrival,
-                state.outcome,
-                state.ttl_s,
-                state.program.tenant,
-            )
+            return
+        pin_held = bool(request.extra.get("pin_hit"))
+        program_id = state.program.program_id
+        event = self.tracker(program_id).admitted(program_id, now, pin_held=pin_held)
+        if event is not None:
+            self.policy.observe_tool_call(event)
 
     def on_finish(self, request: Request, now: float) -> None:
         state: _State = request.extra["state"]
         program = state.program
         self.policy.observe_service(program.program_id, now - (request.admitted_at or now))
         state.context = request.computed + 1
-        state.finished_at = now
         turn = program.turns[request.turn]
         if turn.tool is None:
             self.engine.finish_release(request)
             self.pins.program_end(program.program_id)
-            self.policy.observe_program_end(len(program.turns), program.tenant)
+            tracker = self.tracker(program.program_id)
+            tracker.finished(program.program_id, now, tool=None)
+            end = tracker.program_end(program.program_id, now)
+            if end is not None:
+                self.policy.observe_program_end(end.total_turns, program.tenant)
             self._record(state, now)
             return
         self._pin_or_release(request, state, now)
@@ -220,9 +230,11 @@ class Simulation:
 
     def _pin_or_release(self, request: Request, state: _State, now: float) -> None:
         turn = state.program.turns[request.turn]
-        state.ttl_s, state.outcome = 0.0, "not_pinned"
+        program_id = state.program.program_id
         if not self.policy.uses_pins or turn.tool is None:
             self.engine.finish_release(request)
+            tracker = self.tracker(program_id)
+            tracker.finished(program_id, now, tool=turn.tool, tool_args=turn.tool_args)
             return
         facts = RequestFacts(
             tool=self.policy.tool_key(turn.tool, turn.tool_args),
@@ -245,8 +257,16 @@ class Simulation:
             basis=decision.basis,
             handle=(full, state.program.arrival_s),
         )
+        self.tracker(program_id).finished(
+            program_id,
+            now,
+            tool=turn.tool,
+            tool_args=turn.tool_args,
+            ttl_s=result.ttl_s if result.pinned else 0.0,
+            pinned=result.pinned,
+            basis=decision.basis,
+        )
         if result.pinned:
-            state.ttl_s, state.outcome = result.ttl_s, "pinned"
             request.blocks = 0
             self.engine.waiting.mark_dirty()
         else:
@@ -273,16 +293,7 @@ class Simulation:
         state.next_turn += 1
         turn = program.turns[k]
         if k > 0:
-            previous = program.turns[k - 1]
-            assert previous.tool is not None
-            self.policy.observe_return(
-                program.program_id,
-                k - 1,
-                previous.tool,
-                previous.tool_args,
-                now - state.finished_at,
-                program.tenant,
-            )
+            self.tracker(program.program_id).arrived(program.program_id, now)
         request = Request(
             f"{program.program_id}#{k}",
             program.program_id,
