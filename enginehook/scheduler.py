@@ -37,7 +37,7 @@ from enginehook.detect import detect_tool_call
 from enginehook.hints import Hints
 from enginehook.link import EventSink, build_sink
 from enginehook.metrics import HookMetrics, serve_metrics
-from enginehook.pins import Pin, PinTable, ReleaseReason
+from enginehook.pins import Pin, PinResult, PinTable, ReleaseReason
 from enginehook.pressure import may_release
 from enginehook.priority import (
     ProgramArrivals,
@@ -46,6 +46,7 @@ from enginehook.priority import (
     priority_key,
 )
 from enginehook.tracker import ProgramEndEvent, ToolCallEvent, ToolCallTracker
+from estimator import Decision
 
 __all__ = ["CacheTTLAsyncScheduler", "CacheTTLMixin", "CacheTTLScheduler", "ProgramRequestQueue"]
 
@@ -295,29 +296,7 @@ class CacheTTLMixin:
                 program, now, tool=call.name, tool_args=args, basis=decision.basis
             )
             return False
-        blocks = self.kv_cache_manager.pop_blocks_for_free(request)
-        keep = [b for b in blocks if b.block_hash is not None and not b.is_null]
-        rest = [b for b in blocks if b.block_hash is None or b.is_null]
-        if rest:
-            self._pool.free_blocks(reversed(rest))
-        result = self.pins.pin(
-            program,
-            len(keep),
-            now,
-            decision.ttl_s,
-            return_probability=decision.return_probability,
-            benefit_s=decision.benefit_s,
-            basis=decision.basis,
-            handle=keep,
-            waiting_programs=self._waiting_programs()
-            if self.pins.pinned_blocks + len(keep) > self.pins.budget_blocks
-            else (),
-        )
-        if result.pinned:
-            self.metrics.pinned()
-        elif keep:
-            self._pool.free_blocks(reversed(keep))
-        del self.requests[request.request_id]
+        result = self._take_pin(request, program, decision, now)
         self.tracker.finished(
             program,
             now,
@@ -327,8 +306,37 @@ class CacheTTLMixin:
             pinned=result.pinned,
             basis=decision.basis,
         )
-        self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
         return True
+
+    def _take_pin(
+        self, request: Request, program: str, decision: Decision, now: float
+    ) -> PinResult[list[Any]]:
+        """Hold the request's full, hashed blocks for the program (free the rest, and
+        everything if the pin is refused); the request leaves the scheduler."""
+        blocks = self.kv_cache_manager.pop_blocks_for_free(request)
+        keep = [b for b in blocks if b.block_hash is not None and not b.is_null]
+        rest = [b for b in blocks if b.block_hash is None or b.is_null]
+        if rest:
+            self._pool.free_blocks(reversed(rest))
+        over_budget = self.pins.pinned_blocks + len(keep) > self.pins.budget_blocks
+        result = self.pins.pin(
+            program,
+            len(keep),
+            now,
+            decision.ttl_s,
+            return_probability=decision.return_probability,
+            benefit_s=decision.benefit_s,
+            basis=decision.basis,
+            handle=keep,
+            waiting_programs=self._waiting_programs() if over_budget else (),
+        )
+        if result.pinned:
+            self.metrics.pinned()
+        elif keep:
+            self._pool.free_blocks(reversed(keep))
+        del self.requests[request.request_id]
+        self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
+        return result
 
     def _end_program(self, program: str, now: float) -> None:
         self.pins.program_end(program)
