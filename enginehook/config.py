@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,8 @@ class HookConfig:
     bound, the paper's order); bounds new programs' first-turn wait.
     ``tenant``: the tenant this engine's events and decisions belong to.
     ``control_plane``: ``host:port`` of the control plane (empty: none).
-    ``token``: bearer token for the control plane. ``spill_dir``: where undelivered events
+    ``token``: bearer token for the control plane (default: ``$CACHETTL_TOKEN``; never
+    shown in the config's repr or logs). ``spill_dir``: where undelivered events
     are spilled (default: a temporary folder). ``event_log``: a JSON Lines file that
     receives every tool-call and program-end event (empty: none). ``metrics_listen``:
     ``host:port`` where the hook serves ``/metrics`` in Prometheus format (empty: off).
@@ -60,7 +62,7 @@ class HookConfig:
     order_window_s: float = 0.0
     tenant: str = "default"
     control_plane: str = ""
-    token: str = ""
+    token: str = field(default="", repr=False)
     spill_dir: str = ""
     event_log: str = ""
     metrics_listen: str = ""
@@ -105,4 +107,7 @@ class HookConfig:
                 raise ValueError(
                     f"additional_config.{CONFIG_KEY}: unknown key {key!r}; valid: {names}"
                 )
-        return cls(**dict(raw))
+        values = dict(raw)
+        if not values.get("token"):
+            values["token"] = os.environ.get("CACHETTL_TOKEN", "")
+        return cls(**values)

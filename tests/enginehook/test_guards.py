@@ -53,3 +53,10 @@ def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match="unknown key 'ttl'"):
         HookConfig.from_additional({"cachettl": {"ttl": 1}})
     assert HookConfig.from_additional(None) == HookConfig()
+
+
+def test_token_from_the_environment_and_never_in_repr(monkeypatch):
+    monkeypatch.setenv("CACHETTL_TOKEN", "secret-token")
+    config = HookConfig.from_additional({"cachettl": {"control_plane": "127.0.0.1:1"}})
+    assert config.token == "secret-token"
+    assert "secret-token" not in repr(config)
