@@ -1,0 +1,181 @@
+"""Two CPU engines with the hook behind nginx's consistent hash on ``X-Session-ID``: every
+turn of a program reaches the engine that holds its pin, and both engines serve programs.
+
+The hook does not route; this shows the proxy set-up documented in enginehook/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enginehook.tinymodel import random_words
+
+pytestmark = pytest.mark.slow
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_engine(model: Path, work: Path, name: str) -> tuple[subprocess.Popen[bytes], int, Path]:
+    port = _free_port()
+    log = work / f"{name}-events.jsonl"
+    hook = {
+        "policy": "fixed",
+        "policy_params": {"ttl_s": 60.0},
+        "budget_fraction": 0.6,
+        "event_log": str(log),
+    }
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    args += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"]
+    args += ["--max-model-len", "2048", "--block-size", "32", "--num-gpu-blocks-override", "96"]
+    args += ["--enable-prefix-caching", "--max-num-seqs", "4", "--enable-prompt-tokens-details"]
+    args += ["--scheduler-cls", "enginehook.scheduler.CacheTTLScheduler"]
+    args += ["--additional-config", json.dumps({"cachettl": hook}), "--seed", "0"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    with (work / f"{name}.log").open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return proc, port, log
+
+
+def _healthy(proc: subprocess.Popen[bytes], port: int, log: Path) -> bool:
+    assert proc.poll() is None, log.read_text()[-3000:]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _nginx_conf(work: Path, listen: int, backends: list[int]) -> Path:
+    temp = work / "nginx-temp"
+    temp.mkdir(exist_ok=True)
+    servers = "".join(f"    server 127.0.0.1:{p};\n" for p in backends)
+    paths = "".join(
+        f"  {kind}_temp_path {temp / kind};\n"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    conf = work / "nginx.conf"
+    conf.write_text(
+        f"daemon off;\nworker_processes 1;\npid {work / 'nginx.pid'};\n"
+        f"error_log {work / 'nginx-error.log'};\nevents {{}}\n"
+        f"http {{\n  access_log off;\n{paths}"
+        f"  upstream vllm {{\n    hash $http_x_session_id consistent;\n{servers}  }}\n"
+        f"  server {{\n    listen 127.0.0.1:{listen};\n    location / {{\n"
+        f"      proxy_pass http://vllm;\n      proxy_read_timeout 300s;\n    }}\n  }}\n}}\n"
+    )
+    return conf
+
+
+@pytest.fixture(scope="module")
+def proxy(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, list[Path]]]:
+    work = tmp_path_factory.mktemp("affinity")
+    engines = [_start_engine(tiny_model, work, f"engine{i}") for i in range(2)]
+    listen = _free_port()
+    nginx: subprocess.Popen[bytes] | None = None
+    try:
+        deadline = time.monotonic() + 400
+        while not all(
+            _healthy(p, port, work / f"engine{i}.log") for i, (p, port, _) in enumerate(engines)
+        ):
+            assert time.monotonic() < deadline, "engines did not start"
+            time.sleep(1.0)
+        conf = _nginx_conf(work, listen, [port for _, port, _ in engines])
+        nginx = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(work)])
+        deadline = time.monotonic() + 30
+        while socket.socket().connect_ex(("127.0.0.1", listen)) != 0:
+            assert time.monotonic() < deadline, "nginx did not start"
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{listen}/v1", [log for _, _, log in engines]
+    finally:
+        if nginx is not None:
+            nginx.send_signal(signal.SIGQUIT)
+            nginx.wait(30)
+        for proc, _, _ in engines:
+            proc.send_signal(signal.SIGTERM)
+        for proc, _, _ in engines:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _client(base_url: str) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_sessions_stick_to_the_engine_holding_their_pin(proxy, tiny_model):
+    base_url, logs = proxy
+    client = _client(base_url)
+    rng = random.Random(5)
+    model = str(tiny_model)
+    sessions = [f"prog-{i}" for i in range(6)]
+    prompts = {s: random_words(rng, 250) for s in sessions}
+    first: dict[str, str] = {}
+    for s in sessions:
+        r = client.completions.create(
+            model=model,
+            prompt=prompts[s],
+            max_tokens=16,
+            temperature=0,
+            extra_body={"vllm_xargs": {"tool": "bash"}, "ignore_eos": True},
+            extra_headers={"X-Session-ID": s},
+        )
+        first[s] = r.choices[0].text
+
+    def filler(i: int) -> None:
+        client.completions.create(
+            model=model,
+            prompt=random_words(random.Random(i), 700),
+            max_tokens=4,
+            temperature=0,
+            extra_headers={"X-Session-ID": f"filler-{i}"},
+        )
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(filler, range(12)))
+    for s in sessions:
+        r = client.completions.create(
+            model=model,
+            prompt=prompts[s] + " " + first[s] + " " + random_words(rng, 30),
+            max_tokens=4,
+            temperature=0,
+            extra_body={"vllm_xargs": {"last_turn": 1}, "ignore_eos": True},
+            extra_headers={"X-Session-ID": s},
+        )
+        assert r.usage is not None
+        details = r.usage.prompt_tokens_details
+        assert details is not None
+        assert (details.cached_tokens or 0) >= 250 // 32 * 32, s
+    served: list[set[str]] = []
+    for log in logs:
+        events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        served.append({e["program_id"] for e in events if e["program_id"].startswith("prog-")})
+    assert served[0] | served[1] == set(sessions)
+    assert not served[0] & served[1]
+    assert served[0]
+    assert served[1]
