@@ -47,7 +47,9 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     speed = bench.add_parser("simulator", help="wall time to simulate N programs (one policy)")
     speed.add_argument("--policy", default="continuum")
     speed.add_argument("--programs", default="125,250,500,1000")
-    speed.add_argument("--rate", type=float, default=0.065, help="programs/s (paper-like load)")
+    speed.add_argument(
+        "--rate", type=float, default=0.05, help="programs/s (about vLLM's doubling load)"
+    )
     speed.add_argument("--json", action="store_true")
     speed.set_defaults(handler=_speed)
 
