@@ -169,7 +169,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         3_500,
         260,
         SWE_INVOCATIONS,
-        default_rate=0.065,
+        default_rate=0.05,
     ),
     "bfcl": WorkloadSpec(
         "bfcl",
