@@ -18,7 +18,7 @@ from simulator.sim import simulate
 from simulator.trace import Program, redraw_arrivals
 from simulator.workloads import generate
 
-__all__ = ["doubling_rate", "register"]
+__all__ = ["doubling_rate", "rate_for_slowdown", "register"]
 
 SWEEP_POLICIES = "vllm,autellix,infercept,continuum-preview,continuum,cachettl,oracle"
 ABLATION = (
@@ -55,34 +55,50 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _slowdown(
-    traces: Sequence[tuple[Sequence[Program], dict[str, float], int]], rate: float, hw: str
+    traces: Sequence[tuple[Sequence[Program], dict[str, float], int]],
+    rate: float,
+    hw: str,
+    policy: str = "vllm",
 ) -> float:
-    """vLLM's mean slowdown at ``rate``, averaged over ``(programs, isolated, seed)``."""
+    """``policy``'s mean slowdown at ``rate``, averaged over ``(programs, isolated, seed)``."""
     total = 0.0
     for programs, iso, seed in traces:
-        result = simulate(redraw_arrivals(programs, rate, seed), "vllm", hw)
+        result = simulate(redraw_arrivals(programs, rate, seed), policy, hw)
         values = [p.jct_s / iso[p.program_id] for p in result.programs]
         total += math.fsum(values) / len(values)
     return total / len(traces)
 
 
-def doubling_rate(
-    traces: Sequence[tuple[Sequence[Program], dict[str, float], int]], hardware: str
+def rate_for_slowdown(
+    traces: Sequence[tuple[Sequence[Program], dict[str, float], int]],
+    hardware: str,
+    target: float = 2.0,
+    policy: str = "vllm",
 ) -> float:
-    """The load (programs/s) at which vLLM's mean slowdown over the isolated run (averaged
-    over the traces) reaches 2, by bracketing and bisection (7 halvings: about 1 %)."""
+    """The load (programs/s) at which ``policy``'s mean slowdown over the isolated run
+    (averaged over the traces) reaches ``target``, by bracketing and bisection (7 halvings:
+    about 1 % of the rate)."""
+    if not target > 1.0:
+        raise ValueError(f"target slowdown must be > 1, got {target}")
     low, high = 0.0, 0.01
-    while _slowdown(traces, high, hardware) < 2.0:
+    while _slowdown(traces, high, hardware, policy) < target:
         low, high = high, high * 2.0
         if high > 100:
-            raise ValueError("vLLM never doubles its JCT below 100 programs/s")
+            raise ValueError(f"{policy} never reaches slowdown {target} below 100 programs/s")
     for _ in range(7):
         middle = (low + high) / 2.0
-        if _slowdown(traces, middle, hardware) < 2.0:
+        if _slowdown(traces, middle, hardware, policy) < target:
             low = middle
         else:
             high = middle
     return (low + high) / 2.0
+
+
+def doubling_rate(
+    traces: Sequence[tuple[Sequence[Program], dict[str, float], int]], hardware: str
+) -> float:
+    """The load at which vLLM's mean JCT doubles (slowdown 2)."""
+    return rate_for_slowdown(traces, hardware, 2.0, "vllm")
 
 
 def _plot(path: Path, title: str, rates: list[float], curves: dict[str, list[float]]) -> None:

@@ -46,3 +46,20 @@ def test_bench_rejects_bad_arguments(capsys):
     assert "unknown studies ['speed']" in capsys.readouterr().err
     assert main(["bench", "policies", "--seeds", "a"]) == 2
     assert main(["bench", "simulator", "--programs", "0"]) == 2
+
+
+def test_rate_for_slowdown_brackets_the_target():
+    import pytest
+
+    from simulator.bench import _slowdown, rate_for_slowdown
+    from simulator.metrics import isolated_jct
+    from simulator.workloads import generate
+
+    hw = "llama3.1-8b-h100"
+    programs = generate("bfcl", 20, seed=4)
+    traces = [(programs, isolated_jct(programs, hw), 4)]
+    rate = rate_for_slowdown(traces, hw, 1.5)
+    assert _slowdown(traces, rate * 0.9, hw) < 1.5 + 0.5
+    assert _slowdown(traces, rate * 1.05, hw) >= 1.5 - 0.5
+    with pytest.raises(ValueError, match="target slowdown must be > 1"):
+        rate_for_slowdown(traces, hw, 1.0)
