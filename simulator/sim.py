@@ -395,6 +395,13 @@ class Simulation:
 
     # -- running -----------------------------------------------------------------------
     def run(self) -> RunResult:
+        pool_tokens = self.engine.pool.num_blocks * self.config.block_size
+        for program in self.programs:
+            if program.total_tokens + self.config.block_size > pool_tokens:
+                raise ValueError(
+                    f"program {program.program_id!r} needs {program.total_tokens} tokens of "
+                    f"KV; the pool holds {pool_tokens} (the run could never finish)"
+                )
         for program in self.programs:
             state = self._states[program.program_id] = _State(program)
             self.loop.schedule(_Arrival(program.arrival_s, self, state))

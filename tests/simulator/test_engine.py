@@ -209,3 +209,10 @@ def test_cpu_tier_holds_the_latest_prefix_of_a_pinned_turn():
     assert result.hit_tokens == (301 // 16) * 16
     no_tier = simulate([a, b], "continuum-preview", HW, EngineConfig(kv_tokens=50 * 16))
     assert no_tier.hit_tokens < (301 // 16) * 16
+
+
+def test_a_program_larger_than_the_pool_is_refused():
+    program = _program("big", 0.0, [Turn(5000, 10)])
+    sim = Simulation([program], get_scheduling_policy("vllm"), HW, EngineConfig(kv_tokens=1024))
+    with pytest.raises(ValueError, match="needs 5010 tokens of KV; the pool holds 1024"):
+        sim.run()
