@@ -396,6 +396,8 @@ class Simulation:
     # -- running -----------------------------------------------------------------------
     def run(self) -> RunResult:
         pool_tokens = self.engine.pool.num_blocks * self.config.block_size
+        if len({p.program_id for p in self.programs}) != len(self.programs):
+            raise ValueError("program ids must be unique within a run")
         for program in self.programs:
             if program.total_tokens + self.config.block_size > pool_tokens:
                 raise ValueError(

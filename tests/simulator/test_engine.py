@@ -216,3 +216,9 @@ def test_a_program_larger_than_the_pool_is_refused():
     sim = Simulation([program], get_scheduling_policy("vllm"), HW, EngineConfig(kv_tokens=1024))
     with pytest.raises(ValueError, match="needs 5010 tokens of KV; the pool holds 1024"):
         sim.run()
+
+
+def test_duplicate_program_ids_are_refused():
+    programs = [_program("x", 0.0, [Turn(100, 2)]), _program("x", 1.0, [Turn(100, 2)])]
+    with pytest.raises(ValueError, match="program ids must be unique"):
+        simulate(programs, "vllm", HW)
