@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from estimator.cost import CostModel
 from estimator.hierarchy import DurationHierarchy
-from estimator.profiles import get_profile
+from estimator.profiles import HardwareProfile, get_profile
 from estimator.workload import MemoryFactor, QueueDelay, RemainingTurns
 
 __all__ = ["Models", "WorkloadStats"]
@@ -53,19 +53,21 @@ class Models:
     @classmethod
     def for_profile(
         cls,
-        profile: str = "llama3.1-8b-h100",
+        profile: str | HardwareProfile = "llama3.1-8b-h100",
         min_samples: int = 100,
         window: int = 2000,
         forget_on_drift: bool = True,
         program_window: int = 256,
         queue_window: int = 256,
     ) -> Models:
-        """Fresh models with the cost model of a named hardware profile."""
+        """Fresh models with the cost model of a hardware profile (object or name)."""
+        if isinstance(profile, str):
+            profile = get_profile(profile)
         return cls(
             DurationHierarchy(
                 min_samples=min_samples, window=window, forget_on_drift=forget_on_drift
             ),
-            CostModel.from_profile(get_profile(profile)),
+            CostModel.from_profile(profile),
             program_window=program_window,
             queue_window=queue_window,
         )

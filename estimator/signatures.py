@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 __all__ = [
     "SignatureExtractor",
     "SignatureRegistry",
+    "auto_signature",
     "json_signature",
     "shell_signature",
 ]
@@ -75,6 +76,20 @@ def json_signature(tool: str, args: str) -> str:
     return f"{tool}({','.join(sorted(str(k) for k in parsed))})"[:MAX_SIGNATURE_CHARS]
 
 
+def auto_signature(tool: str, args: str) -> str:
+    """JSON-object arguments give :func:`json_signature`; anything else is read as a shell
+    command line (:func:`shell_signature`). The default for tools not registered.
+
+    >>> auto_signature("search", '{"q": "x"}')
+    'search(q)'
+    >>> auto_signature("run", "cd src && make test")
+    'cd+make'
+    """
+    if args.lstrip().startswith("{"):
+        return json_signature(tool, args)
+    return shell_signature(tool, args)
+
+
 #: Tools whose argument string is a shell command line.
 SHELL_TOOLS = ("bash", "sh", "shell", "terminal", "run_command", "execute_bash")
 
@@ -95,7 +110,7 @@ class SignatureRegistry:
     def __init__(
         self,
         extractors: Mapping[str, SignatureExtractor] | None = None,
-        default: SignatureExtractor = json_signature,
+        default: SignatureExtractor = auto_signature,
     ) -> None:
         self._extractors: dict[str, SignatureExtractor] = dict.fromkeys(
             SHELL_TOOLS, shell_signature
