@@ -87,9 +87,10 @@ def register(
     show.set_defaults(handler=_stats)
 
     from simulator import bench as bench_module
-    from simulator import demo
+    from simulator import demo, study
 
     bench_module.register(bench)
+    study.register(bench)
     demo.register(commands)
 
 

@@ -27,9 +27,8 @@ import math
 import re
 from collections.abc import Callable, Collection, Container
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from enginehook.config import HookConfig
 from enginehook.pins import Pin
 from enginehook.pressure import PressureRule, choose_victims, may_release
 from enginehook.priority import effective_program_arrival, priority_key
@@ -42,6 +41,7 @@ from estimator import (
     Models,
     RequestFacts,
     SignatureRegistry,
+    TtlPolicy,
     get_policy,
     get_profile,
 )
@@ -54,6 +54,7 @@ PinHandle = tuple[int, float]
 
 __all__ = [
     "POLICIES",
+    "Cachettl",
     "Param",
     "PinHandle",
     "SchedulingPolicy",
@@ -61,6 +62,7 @@ __all__ = [
     "paper_tool_key",
     "register_scheduling_policy",
     "split_policy_list",
+    "with_defaults",
 ]
 
 
@@ -351,8 +353,6 @@ _PINNING_PARAMS = {
     "budget_share": _BUDGET,
     "order_window_s": _WINDOW,
 }
-#: The engine hook's shipped defaults: ``cachettl`` here runs with the same settings.
-_HOOK = HookConfig()
 
 
 class _Pinning(SchedulingPolicy):
@@ -370,10 +370,15 @@ class _Pinning(SchedulingPolicy):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        if self.estimator_policy == "cachettl" and math.isfinite(self.ttl_cap_s):
-            self._ttl = get_policy("cachettl", ttl_cap_s=self.ttl_cap_s)
-        else:
-            self._ttl = get_policy(self.estimator_policy)
+        self._ttl = self.ttl_policy()
+
+    def ttl_policy(self) -> TtlPolicy:
+        """The estimator policy that chooses TTLs."""
+        return get_policy(self.estimator_policy)
+
+    @property
+    def forget_on_drift(self) -> bool:
+        return self._ttl.forgets_on_drift
 
     @property
     def ttl_cap(self) -> float:
@@ -393,7 +398,7 @@ class _Pinning(SchedulingPolicy):
         assert self.profile is not None
         durations = DurationHierarchy(
             min_samples=self.min_samples,
-            forget_on_drift=self._ttl.forgets_on_drift,
+            forget_on_drift=self.forget_on_drift,
             signatures=self.signatures(),
         )
         self.models = Models(durations, CostModel.from_profile(self.profile))
@@ -443,7 +448,7 @@ class _Pinning(SchedulingPolicy):
         self.models.record_program_end(turns, tenant)
 
 
-def _with_defaults(**defaults: Any) -> dict[str, Param]:
+def with_defaults(**defaults: Any) -> dict[str, Param]:
     params = dict(_PINNING_PARAMS)
     for key, value in defaults.items():
         base = params[key]
@@ -458,30 +463,6 @@ class Continuum(_Pinning):
 
     name = "continuum"
     help = "the paper's TTL (estimator 'continuum'), models learned online"
-
-
-@_register
-class Cachettl(_Pinning):
-    """Ours, with the engine hook's shipped defaults (``enginehook.config.HookConfig``):
-    pressure rule, TTL cap, pinned-memory budget, K and order window."""
-
-    name = "cachettl"
-    help = "ours (estimator 'cachettl') with the engine hook's defaults, lowest-loss victims"
-    estimator_policy = "cachettl"
-    PARAMS = _with_defaults(
-        pressure=PressureRule.parse(_HOOK.pressure),
-        victim="lowest-loss",
-        ttl_cap_s=_HOOK.ttl_cap_s,
-        budget_share=_HOOK.budget_fraction,
-        min_samples=_HOOK.min_samples,
-        order_window_s=_HOOK.order_window_s,
-    )
-
-    def tool_key(self, tool: str, args: str | None) -> str:
-        return tool  # as the engine hook reports it (``bash`` + the command line)
-
-    def signatures(self) -> SignatureRegistry:
-        return SignatureRegistry()  # the estimator's default, as shipped
 
 
 @_register
@@ -504,7 +485,7 @@ class ContinuumPreview(_Pinning):
 
     name = "continuum-preview"
     help = "authors' preview code: fixed 2 s pin, skips tools whose mean exceeds 2 s"
-    PARAMS = _with_defaults(pressure=PressureRule.RUNNING, victim="latest-expiry")
+    PARAMS = with_defaults(pressure=PressureRule.RUNNING, victim="latest-expiry")
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -526,7 +507,7 @@ class Oracle(_Pinning):
 
     name = "oracle"
     help = "knows each tool's true duration; pins for exactly that long when it pays"
-    PARAMS = _with_defaults(pressure=PressureRule.RUNNING, victim="lowest-loss")
+    PARAMS = with_defaults(pressure=PressureRule.RUNNING, victim="lowest-loss")
 
     def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:
         assert self.models is not None
@@ -555,3 +536,15 @@ class Infercept(_Pinning):
         forward = self.models.cost.prefill_reload_s(context, offload=self.offload)
         ttl = forward * (1.0 + self.other_context() / context)
         return Decision(ttl, 0.0, 0.0, "infercept", forward)
+
+
+import simulator.ours  # noqa: E402  (registers ``cachettl``)
+
+if TYPE_CHECKING:
+    from simulator.ours import Cachettl
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Cachettl":  # defined in simulator.ours, which imports this module
+        return simulator.ours.Cachettl
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -244,6 +244,8 @@ class Simulation:
             program_id=state.program.program_id,
             turns_served=request.turn + 1,
             offload=self.engine.cpu is not None,
+            waiting_tokens=self._waiting_demand(),
+            free_tokens=self.engine.pool.free * self.config.block_size,
         )
         decision = self.policy.decide(facts, turn.tool_duration_s, now)
         full = request.computed // self.config.block_size
@@ -271,6 +273,14 @@ class Simulation:
             self.engine.waiting.mark_dirty()
         else:
             self.engine.finish_release(request)
+
+    def _waiting_demand(self) -> int:
+        """KV tokens the waiting requests still need (their prompts less pinned blocks)."""
+        size = self.config.block_size
+        total = 0
+        for r in self.engine.waiting:
+            total += max(0, r.prompt_tokens - self.pinned_blocks_of(r.program_id) * size)
+        return total
 
     def _record(self, state: _State, now: float) -> None:
         program = state.program

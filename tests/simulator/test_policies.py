@@ -107,7 +107,7 @@ def test_policy_specs_with_parameters():
     assert capped.pin_budget_share == 0.25
     assert get_scheduling_policy("cachettl").ttl_cap == 300.0
     with pytest.raises(ValueError, match="no parameter 'foo'; valid: budget_share, min_samples"):
-        get_scheduling_policy("cachettl(foo=1)")
+        get_scheduling_policy("continuum(foo=1)")
     with pytest.raises(ValueError, match="parameter 'victim': must be one of"):
         get_scheduling_policy("continuum(victim=random)")
     with pytest.raises(ValueError, match="parameter 'ttl_cap_s'"):

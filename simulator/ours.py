@@ -1,0 +1,179 @@
+"""``cachettl``: our policy, with a switch for each of its improvements over the paper.
+
+Every improvement of DESIGN.md §4 is a parameter, so an ablation can turn each on alone on
+top of the paper's behaviour (``BASE``) or all together. With every switch off
+(``cachettl(**BASE)``) the policy decides exactly as ``continuum`` does (a test checks it).
+
+==================  ===========================================================  =========
+parameter           on                                                           off
+==================  ===========================================================  =========
+keys                ``invocation``: (tool, argument signature) with back-off     ``tool``
+load_aware          holding priced by λ from waiting KV demand and free KV       λ = 1
+drift               ADWIN drift forgetting of duration models                    keep all
+share               shared cross-tenant priors for cold start                    none
+per_program         η from the program's own progress (turns served)             global η
+cpu_reload          a miss costs a CPU reload where a tier exists                prefill
+ttl_cap_s           hard TTL cap                                                 inf
+budget_share        share of the pool pins may hold                              1
+victim              ``lowest-loss`` (waiting programs last)                      latest
+pressure            ``running``: release pins only for running work              always
+order_window_s      bound on a returning turn's program-order head start         0
+==================  ===========================================================  =========
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from enginehook.pressure import PressureRule
+from estimator import Decision, RequestFacts, SignatureRegistry, TtlPolicy, get_policy
+from simulator.policies import (
+    Param,
+    _Pinning,
+    paper_tool_key,
+    register_scheduling_policy,
+    with_defaults,
+)
+
+__all__ = ["BASE", "DEFAULTS", "IMPROVEMENTS", "Cachettl"]
+
+
+def _flag(value: str) -> bool:
+    text = value.strip().lower()
+    if text in ("1", "true", "on", "yes"):
+        return True
+    if text in ("0", "false", "off", "no"):
+        return False
+    raise ValueError("must be one of: 0, 1, true, false, on, off")
+
+
+def _keys(value: str) -> str:
+    if value not in ("invocation", "tool"):
+        raise ValueError("must be one of: invocation, tool")
+    return value
+
+
+def _floor(value: str) -> float:
+    number = float(value)
+    if not 0.0 < number <= 1.0:
+        raise ValueError("must be in (0, 1]")
+    return number
+
+
+#: Every improvement off: the paper's policy (``continuum``) expressed as ``cachettl``.
+BASE: dict[str, Any] = {
+    "keys": "tool",
+    "load_aware": False,
+    "drift": False,
+    "share": False,
+    "per_program": False,
+    "cpu_reload": False,
+    "ttl_cap_s": float("inf"),
+    "budget_share": 1.0,
+    "victim": "latest-arrival",
+    "pressure": PressureRule.ALWAYS,
+    "order_window_s": 0.0,
+}
+
+#: Each improvement's "on" setting (what the ablation turns on alone).
+IMPROVEMENTS: dict[str, dict[str, Any]] = {
+    "invocation keys": {"keys": "invocation"},
+    "load-aware cost": {"load_aware": True},
+    "drift forgetting": {"drift": True},
+    "shared priors": {"share": True},
+    "per-program eta": {"per_program": True},
+    "TTL cap 300 s": {"ttl_cap_s": 300.0},
+    "pin budget 30 %": {"budget_share": 0.3},
+    "lowest-loss victims": {"victim": "lowest-loss"},
+    "running-only pressure": {"pressure": PressureRule.RUNNING},
+    "order window 30 s": {"order_window_s": 30.0},
+}
+
+#: The defaults of ``cachettl`` (chosen by the ablation; see simulator/README.md).
+DEFAULTS: dict[str, Any] = {
+    "keys": "invocation",
+    "load_aware": False,
+    "load_floor": 0.25,
+    "drift": True,
+    "share": False,
+    "per_program": False,
+    "cpu_reload": True,
+    "ttl_cap_s": 300.0,
+    "budget_share": 0.3,
+    "victim": "lowest-loss",
+    "pressure": PressureRule.RUNNING,
+    "order_window_s": 0.0,
+    "min_samples": 100,
+}
+
+_OWN = {
+    "keys": Param(_keys, DEFAULTS["keys"], "invocation: (tool, signature) keys; tool: tool only"),
+    "load_aware": Param(_flag, DEFAULTS["load_aware"], "price holding by the load now"),
+    "load_floor": Param(_floor, DEFAULTS["load_floor"], "lowest λ of the load-aware cost"),
+    "drift": Param(_flag, DEFAULTS["drift"], "forget a tool's old regime on drift"),
+    "share": Param(_flag, DEFAULTS["share"], "learn and use cross-tenant priors"),
+    "per_program": Param(_flag, DEFAULTS["per_program"], "η from the program's progress"),
+    "cpu_reload": Param(_flag, DEFAULTS["cpu_reload"], "price a miss as a CPU reload (tier only)"),
+}
+
+
+@register_scheduling_policy
+class Cachettl(_Pinning):
+    """Ours (estimator policy ``cachettl``); every improvement is a parameter."""
+
+    name = "cachettl"
+    help = "ours (estimator 'cachettl'); each improvement a parameter, see simulator/ours.py"
+    estimator_policy = "cachettl"
+    PARAMS: ClassVar[dict[str, Param]] = {
+        **with_defaults(
+            **{k: DEFAULTS[k] for k in ("pressure", "victim", "ttl_cap_s", "budget_share")},
+            min_samples=DEFAULTS["min_samples"],
+            order_window_s=DEFAULTS["order_window_s"],
+        ),
+        **_OWN,
+    }
+    keys: str
+    load_aware: bool
+    load_floor: float
+    drift: bool
+    share: bool
+    per_program: bool
+    cpu_reload: bool
+
+    def ttl_policy(self) -> TtlPolicy:
+        return get_policy(
+            "cachettl",
+            ttl_cap_s=min(self.ttl_cap_s, 1e9),  # the estimator takes finite caps only
+            load_aware=self.load_aware,
+            load_floor=self.load_floor,
+            per_program=self.per_program,
+        )
+
+    @property
+    def forget_on_drift(self) -> bool:
+        return self.drift
+
+    def tool_key(self, tool: str, args: str | None) -> str:
+        if self.keys == "tool":
+            return paper_tool_key(tool, args)
+        return tool  # as the engine hook reports it (``bash`` + the command line)
+
+    def signatures(self) -> SignatureRegistry:
+        return SignatureRegistry()  # the estimator's default, as shipped
+
+    def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:
+        assert self.models is not None
+        facts = dataclasses.replace(
+            facts,
+            tool_args=facts.tool_args if self.keys == "invocation" else None,
+            share=self.share,
+            offload=facts.offload and self.cpu_reload,
+        )
+        return self._ttl.decide(facts, self.models)
+
+    def observe_tool(self, tool: str, args: str | None, duration: float, tenant: str) -> None:
+        assert self.models is not None
+        key = self.tool_key(tool, args)
+        kept = args if self.keys == "invocation" else None
+        self.models.record_tool_call(key, kept, duration, tenant, share=self.share)

@@ -1,0 +1,244 @@
+"""``cachettl bench ablation``: each improvement of ``cachettl`` alone on top of the paper,
+all together, and the chosen defaults, against ``vllm``, ``continuum`` and ``oracle`` at
+several loads (multiples of the load where vLLM's mean slowdown reaches 3), averaged over
+seeds; plus robustness workloads (durations that shift mid-run, tools that take minutes,
+many short tools, many tenants).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from simulator.bench import rate_for_slowdown
+from simulator.engine import EngineConfig
+from simulator.metrics import PolicyMetrics, isolated_jct
+from simulator.ours import BASE, IMPROVEMENTS
+from simulator.report import run_policies
+from simulator.trace import Program, redraw_arrivals
+from simulator.workloads import generate
+
+__all__ = ["WORKLOADS", "Study", "cachettl_spec", "register", "variants"]
+
+HARDWARE = "llama3.1-8b-h100"
+
+
+def cachettl_spec(settings: dict[str, Any]) -> str:
+    """``cachettl(key=value,...)`` for a settings dict (enums by value, booleans 0/1).
+
+    >>> cachettl_spec({"keys": "tool", "drift": False, "ttl_cap_s": float("inf")})
+    'cachettl(keys=tool,drift=0,ttl_cap_s=inf)'
+    """
+    parts = []
+    for key, value in settings.items():
+        text = str(int(value)) if isinstance(value, bool) else str(getattr(value, "value", value))
+        parts.append(f"{key}={text}")
+    return f"cachettl({','.join(parts)})"
+
+
+def variants(share: bool = False) -> list[tuple[str, str]]:
+    """``(label, policy spec)``: baselines, the paper as ``cachettl``, each improvement
+    alone, all together, and the defaults. Shared priors only where ``share`` (a
+    multi-tenant workload)."""
+    rows = [("vllm", "vllm"), ("continuum", "continuum")]
+    rows.append(("paper as cachettl (all off)", cachettl_spec(BASE)))
+    together = dict(BASE)
+    for label, on in IMPROVEMENTS.items():
+        if on.get("share") and not share:
+            continue
+        rows.append((f"+ {label}", cachettl_spec({**BASE, **on})))
+        together.update(on)
+    rows.append(("all together", cachettl_spec(together)))
+    rows += [("cachettl (defaults)", "cachettl"), ("oracle", "oracle")]
+    return rows
+
+
+def _with_durations(
+    programs: Sequence[Program], change: Callable[[int, int, float], float]
+) -> list[Program]:
+    """Programs whose tool durations are ``change(program index, turn index, duration)``."""
+    out = []
+    for i, program in enumerate(programs):
+        turns = tuple(
+            dataclasses.replace(t, tool_duration_s=change(i, k, t.tool_duration_s))
+            if t.tool is not None
+            else t
+            for k, t in enumerate(program.turns)
+        )
+        out.append(dataclasses.replace(program, turns=turns))
+    return out
+
+
+def shifted(programs: Sequence[Program], factor: float = 8.0) -> list[Program]:
+    """The second half of the programs (in arrival order) run every tool ``factor``×
+    slower: a regime change mid-run (e.g. a bigger repository)."""
+    half = len(programs) // 2
+    return _with_durations(programs, lambda i, _k, d: d * factor if i >= half else d)
+
+
+def minutes(programs: Sequence[Program], seed: int, share: float = 0.2) -> list[Program]:
+    """A ``share`` of tool calls take minutes (log-uniform 60–600 s)."""
+    rng = random.Random(f"minutes:{seed}")
+
+    def change(_i: int, _k: int, d: float) -> float:
+        return math.exp(rng.uniform(math.log(60.0), math.log(600.0))) if rng.random() < share else d
+
+    return _with_durations(programs, change)
+
+
+def short_tools(programs: Sequence[Program]) -> list[Program]:
+    """Every tool 10× shorter (run on 3× as many turns: many short tools)."""
+    return _with_durations(programs, lambda _i, _k, d: max(d / 10.0, 0.001))
+
+
+def tenants(programs: Sequence[Program], count: int = 20) -> list[Program]:
+    """Programs spread round-robin over ``count`` tenants (each learns on its own)."""
+    return [dataclasses.replace(p, tenant=f"tenant-{i % count}") for i, p in enumerate(programs)]
+
+
+#: name -> (programs, seed) -> trace (before arrivals are drawn).
+WORKLOADS: dict[str, Callable[[int, int], list[Program]]] = {
+    "swe": lambda n, s: generate("swe", n, seed=s),
+    "bfcl": lambda n, s: generate("bfcl", n, seed=s),
+    "swe-shift": lambda n, s: shifted(generate("swe", n, seed=s)),
+    "swe-minutes": lambda n, s: minutes(generate("swe", n, seed=s), s),
+    "swe-short": lambda n, s: short_tools(generate("swe", n, seed=s, turn_scale=3)),
+    "swe-tenants": lambda n, s: tenants(generate("swe", n, seed=s)),
+}
+
+
+class Study:
+    """Traces, isolated runs and vLLM's slowdown-3 load per workload, made once."""
+
+    def __init__(self, programs: int, seeds: Sequence[int], target: float = 3.0) -> None:
+        self.programs, self.seeds, self.target = programs, list(seeds), target
+        self._base: dict[tuple[str, int], list[Program]] = {}
+        self._iso: dict[tuple[str, int], dict[str, float]] = {}
+        self._rate: dict[str, float] = {}
+
+    def base(self, workload: str, seed: int) -> list[Program]:
+        if workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)}")
+        key = (workload, seed)
+        if key not in self._base:
+            self._base[key] = WORKLOADS[workload](self.programs, seed)
+            self._iso[key] = isolated_jct(self._base[key], HARDWARE, EngineConfig())
+        return self._base[key]
+
+    def rate(self, workload: str) -> float:
+        """The load where vLLM's mean slowdown, averaged over the seeds, reaches 3."""
+        if workload not in self._rate:
+            traces = [(self.base(workload, s), self._iso[(workload, s)], s) for s in self.seeds]
+            self._rate[workload] = rate_for_slowdown(traces, HARDWARE, self.target, "vllm")
+        return self._rate[workload]
+
+    def measure(self, workload: str, rate: float, specs: Sequence[str]) -> dict[str, list[float]]:
+        """Per spec: [mean JCT, P99 JCT, first-turn wait P90], averaged over the seeds."""
+        out = {spec: [0.0, 0.0, 0.0] for spec in specs}
+        for seed in self.seeds:
+            trace = redraw_arrivals(self.base(workload, seed), rate, seed)
+            iso = self._iso[(workload, seed)]
+            res: dict[str, PolicyMetrics] = run_policies(
+                trace, list(specs), HARDWARE, EngineConfig(), isolated=iso
+            )
+            for spec in specs:
+                m = res[spec]
+                values = (m.mean_jct_s, m.p99_jct_s, m.first_turn_wait_p90_s)
+                for i, v in enumerate(values):
+                    out[spec][i] += v / len(self.seeds)
+        return out
+
+
+def _table(
+    study: Study, workload: str, loads: Sequence[float], rows: list[tuple[str, str]]
+) -> tuple[list[str], dict[str, Any]]:
+    rate = study.rate(workload)
+    rates = [rate * f for f in loads]
+    cells = [f"{f:g}× ({r:.4f}/s)" for f, r in zip(loads, rates, strict=True)]
+    header = "| policy | " + " | ".join(cells) + " |"
+    lines = [
+        f"### {workload} (8B/H100; vLLM's mean slowdown reaches 3 at {rate:.4f} programs/s)",
+        "",
+        "Each cell: mean JCT / P99 JCT / new programs' first-turn wait P90 (s).",
+        "",
+        header,
+        "|---|" + "---|" * len(loads),
+    ]
+    specs = [spec for _, spec in rows]
+    results = [study.measure(workload, r, specs) for r in rates]
+    for label, spec in rows:
+        cells = [" / ".join(f"{v:.1f}" for v in res[spec]) for res in results]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        print(f"{workload} {label}: " + " | ".join(cells), file=sys.stderr)
+    summary = {
+        "rate_slowdown_3": rate,
+        "loads": list(loads),
+        "rows": {label: [res[spec] for res in results] for label, spec in rows},
+        "specs": dict(rows),
+    }
+    return [*lines, ""], summary
+
+
+def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``bench ablation``."""
+    parser = bench.add_parser(
+        "ablation", help="each cachettl improvement alone and together; robustness workloads"
+    )
+    parser.add_argument("--workloads", default="swe,bfcl", help=f"of: {', '.join(WORKLOADS)}")
+    parser.add_argument("--loads", default="0.8,1,1.2", help="multiples of vLLM's slowdown-3 load")
+    parser.add_argument("--programs", type=int, default=200, help="programs per run")
+    parser.add_argument("--seeds", default="0,1,2", help="seeds each figure is averaged over")
+    parser.add_argument(
+        "--policy", default="", help="instead of the ablation rows: these specs (and baselines)"
+    )
+    parser.add_argument("--out", default="simulator/results/ablation", help="writes OUT.md/.json")
+    parser.set_defaults(handler=_ablation)
+
+
+def _ablation(args: argparse.Namespace) -> int:
+    from simulator.report import parse_policies
+
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+        loads = [float(x) for x in args.loads.split(",")]
+    except ValueError:
+        raise ValueError("--seeds must list integers and --loads numbers") from None
+    if args.programs < 1 or not all(f > 0 for f in loads):
+        raise ValueError("--programs must be >= 1 and --loads positive")
+    names = args.workloads.split(",")
+    for name in names:
+        if name not in WORKLOADS:
+            raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
+    extra = parse_policies(args.policy) if args.policy else []
+    study = Study(args.programs, seeds)
+    lines = [
+        "# cachettl ablation (generated by `cachettl bench ablation`)",
+        "",
+        f"Command: `cachettl bench ablation --workloads {args.workloads} --loads {args.loads} "
+        f"--programs {args.programs} --seeds {args.seeds}"
+        + (f" --policy '{args.policy}'" if args.policy else "")
+        + "`",
+        "",
+    ]
+    summary: dict[str, Any] = {}
+    for name in names:
+        if extra:
+            base = ["vllm", "continuum", "oracle"]
+            rows = [(s, s) for s in dict.fromkeys([*base, *extra])]
+        else:
+            rows = variants(share=name == "swe-tenants")
+        table, summary[name] = _table(study, name, loads, rows)
+        lines += table
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"wrote {out.with_suffix('.md')}")
+    return 0

@@ -1,0 +1,133 @@
+"""cachettl's switches, the ablation harness and its robustness workloads."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from controlplane.cli import main
+from simulator.ours import BASE, IMPROVEMENTS
+from simulator.policies import get_scheduling_policy
+from simulator.sim import Simulation, simulate
+from simulator.study import cachettl_spec, minutes, shifted, short_tools, tenants, variants
+from simulator.trace import redraw_arrivals
+from simulator.workloads import generate
+
+
+def _trace(n: int = 40, rate: float = 0.06, seed: int = 3) -> list:  # type: ignore[type-arg]
+    return redraw_arrivals(generate("swe", n, seed=seed), rate, seed)
+
+
+def test_everything_off_decides_as_continuum() -> None:
+    trace = _trace()
+    paper = simulate(trace, "continuum")
+    base = simulate(trace, cachettl_spec(BASE))
+    assert [p.finish_s for p in base.programs] == [p.finish_s for p in paper.programs]
+    assert base.pins == paper.pins
+    assert base.hit_tokens == paper.hit_tokens
+
+
+def test_each_switch_changes_the_policy_it_names() -> None:
+    for on in IMPROVEMENTS.values():
+        policy = get_scheduling_policy(cachettl_spec({**BASE, **on}))
+        for key, value in on.items():
+            assert getattr(policy, key) == value
+    default = get_scheduling_policy("cachettl")
+    assert default.keys == "invocation"  # type: ignore[attr-defined]
+    assert default.ttl_cap == 300.0
+    assert default.pin_budget_share == 0.3
+    with pytest.raises(ValueError, match="parameter 'keys': must be one of: invocation, tool"):
+        get_scheduling_policy("cachettl(keys=word)")
+    with pytest.raises(ValueError, match="parameter 'drift': must be one of: 0, 1"):
+        get_scheduling_policy("cachettl(drift=maybe)")
+    with pytest.raises(ValueError, match="parameter 'load_floor': must be in"):
+        get_scheduling_policy("cachettl(load_floor=0)")
+
+
+def test_simulator_feeds_load_signals_and_progress() -> None:
+    seen = []
+    policy = get_scheduling_policy("cachettl(load_aware=1,per_program=1)")
+    decide = policy.decide
+
+    def spy(facts, duration, now):
+        seen.append(facts)
+        return decide(facts, duration, now)
+
+    policy.decide = spy  # type: ignore[method-assign]
+    Simulation(_trace(30, 0.2), policy).run()
+    assert seen
+    assert all(f.free_tokens is not None and f.waiting_tokens is not None for f in seen)
+    assert any(f.waiting_tokens > 0 for f in seen)  # the queue was not always empty
+    assert {f.turns_served for f in seen} >= {1, 2, 3}
+    pool = 396_000
+    assert all(0 <= f.free_tokens <= pool for f in seen)
+
+
+def test_tool_keys_learn_by_first_word_invocation_keys_by_signature() -> None:
+    trace = _trace(20)
+    tool = get_scheduling_policy("cachettl(keys=tool)")
+    Simulation(trace, tool).run()
+    assert tool.models is not None
+    assert "cd" in tool.models.durations.tools()
+    ours = get_scheduling_policy("cachettl")
+    Simulation(trace, ours).run()
+    assert ours.models is not None
+    assert ours.models.durations.tools() == ["bash"]
+    assert len(ours.models.durations.signatures_of("bash")) > 3
+
+
+def test_shared_priors_are_learned_across_tenants() -> None:
+    trace = tenants(_trace(20), 5)
+    assert {p.tenant for p in trace} == {f"tenant-{i}" for i in range(5)}
+    policy = get_scheduling_policy("cachettl(share=1)")
+    Simulation(trace, policy).run()
+    assert policy.models is not None
+    shared = [k for k, _ in policy.models.durations.items() if k[0] == "shared"]
+    assert shared
+
+
+def test_robustness_workloads_change_only_durations() -> None:
+    base = generate("swe", 10, seed=1)
+    shift = shifted(base, 8.0)
+    for i, (a, b) in enumerate(zip(base, shift, strict=True)):
+        factor = 8.0 if i >= 5 else 1.0
+        for ta, tb in zip(a.turns, b.turns, strict=True):
+            assert tb.tool_duration_s == pytest.approx(ta.tool_duration_s * factor)
+            assert (ta.input_tokens, ta.tool_args) == (tb.input_tokens, tb.tool_args)
+    slow = [t.tool_duration_s for p in minutes(base, 1) for t in p.turns if t.tool]
+    assert any(60 <= d <= 600 for d in slow)
+    assert max(slow) <= 600
+    assert minutes(base, 1) == minutes(base, 1)
+    quick = short_tools(base)
+    assert all(
+        math.isclose(tq.tool_duration_s, max(t.tool_duration_s / 10, 0.001))
+        for p, q in zip(base, quick, strict=True)
+        for t, tq in zip(p.turns, q.turns, strict=True)
+        if t.tool is not None
+    )
+
+
+def test_variants_cover_each_improvement_and_all() -> None:
+    labels = [label for label, _ in variants()]
+    assert labels[:3] == ["vllm", "continuum", "paper as cachettl (all off)"]
+    assert "+ shared priors" not in labels
+    assert "+ shared priors" in dict(variants(True))
+    assert {"all together", "cachettl (defaults)", "oracle"} <= set(labels)
+
+
+def test_bench_ablation_command(tmp_path, capsys) -> None:
+    out = tmp_path / "abl"
+    code = main(
+        [
+            "bench", "ablation", "--workloads", "swe", "--programs", "12", "--seeds", "0",
+            "--loads", "1", "--policy", "cachettl(drift=0)", "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert set(data["swe"]["rows"]) == {"vllm", "continuum", "oracle", "cachettl(drift=0)"}
+    assert "| cachettl(drift=0) |" in out.with_suffix(".md").read_text()
+    assert main(["bench", "ablation", "--workloads", "nope"]) == 2
+    assert "unknown workload 'nope'" in capsys.readouterr().err
