@@ -16,7 +16,7 @@ from controlplane.store import create_store
 from enginehook.cplink import ControlPlaneLink, EventBuffer, GrpcTransport
 from enginehook.decide import TtlDecider
 from enginehook.tracker import ProgramEndEvent, ToolCallEvent
-from tests.controlplane.conftest import ServerThread
+from tests.enginehook.driver import ControlPlaneThread
 
 
 def _call(i: int, program: str = "p") -> ToolCallEvent:
@@ -58,14 +58,14 @@ class Plane:
         self.db, self.port = db, port
         self.store = create_store(db)
         self.token = ControlPlane(self.store).create_tenant("engine")[1]
-        self.server: ServerThread | None = None
+        self.server: ControlPlaneThread | None = None
 
     def start(self) -> None:
         plane = ControlPlane(self.store, "continuum", min_samples=3)
         opts = ServerOptions(
             listen=f"127.0.0.1:{self.port}", watch_interval_s=0.2, tail_interval_s=0.1
         )
-        self.server = ServerThread(plane, opts)
+        self.server = ControlPlaneThread(plane, opts)
 
     def stop(self) -> None:
         if self.server is not None:
