@@ -72,17 +72,6 @@ class _SnapshotQueueDelay(QueueDelay):
         return self.value
 
 
-def _key(model: SnapshotModel, tenant: str) -> tuple[str, str, str] | None:
-    level = Level(model.level)
-    if level is Level.SHARED:
-        return ("shared", model.tool_name, "")
-    if level is Level.TENANT:
-        return (f"t:{tenant}", "", "")
-    if level is Level.TOOL:
-        return (f"t:{tenant}", model.tool_name, "")
-    return (f"t:{tenant}", model.tool_name, model.signature) if model.signature else None
-
-
 def models_from_snapshot(
     snapshot: SnapshotData,
     policy: TtlPolicy,
@@ -92,17 +81,18 @@ def models_from_snapshot(
 ) -> Models:
     """Models that decide as the control plane's would, with ``base``'s cost model."""
     hierarchy = DurationHierarchy(min_samples=snapshot.min_samples, forget_on_drift=False)
-    total = 0
     for model in snapshot.models:
-        key = _key(model, tenant)
-        if key is None:
+        level = Level(model.level)
+        if level is Level.INVOCATION and not model.signature:
             continue
-        target = hierarchy._model(key)
-        for duration in model.sorted_durations_s:
-            target.update(duration)
-        if key == (f"t:{tenant}", "", ""):
-            total = model.sample_count
-    hierarchy._tenant_totals[tenant] = total
+        hierarchy.restore(
+            level,
+            model.sorted_durations_s,
+            tool=model.tool_name,
+            signature=model.signature,
+            tenant=tenant,
+            n_seen=model.sample_count,
+        )
     fresh = policy.new_models(min_samples=snapshot.min_samples)
     models = Models(hierarchy, base.cost if base is not None else fresh.cost)
     stats = models.workload(tenant)

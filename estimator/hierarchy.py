@@ -99,6 +99,46 @@ class DurationHierarchy(Estimator):
             self._model(("shared", tool, "")).update(duration_s)
         self._tenant_totals[tenant] = self._tenant_totals.get(tenant, 0) + 1
 
+    def restore(
+        self,
+        level: Level,
+        samples: Iterable[float],
+        tool: str = "",
+        signature: str = "",
+        tenant: str = "default",
+        n_seen: int | None = None,
+    ) -> DurationModel:
+        """Replace one level's model by a fresh one that learned ``samples`` in order
+        (for example a snapshot's window). For ``Level.TENANT``, ``n_seen`` (default: the
+        number of samples) becomes the tenant's total call count.
+
+        >>> h = DurationHierarchy(min_samples=1)
+        >>> _ = h.restore(Level.INVOCATION, [0.1, 0.2], tool="bash", signature="ls")
+        >>> h.lookup("bash", "ls -la").level
+        <Level.INVOCATION: 'invocation'>
+        """
+        if level is Level.SHARED:
+            key: _Key = ("shared", tool, "")
+        elif level is Level.TENANT:
+            key = (f"t:{tenant}", "", "")
+        elif level is Level.TOOL:
+            key = (f"t:{tenant}", tool, "")
+        elif signature:
+            key = (f"t:{tenant}", tool, signature)
+        else:
+            raise ValueError("signature must be non-empty for Level.INVOCATION")
+        if level is not Level.TENANT and not tool:
+            raise ValueError(f"tool must be a non-empty string for {level!r}")
+        model = self._prototype.clone()
+        count = 0
+        for value in samples:
+            model.update(value)
+            count += 1
+        self._models[key] = model
+        if level is Level.TENANT:
+            self._tenant_totals[tenant] = count if n_seen is None else n_seen
+        return model
+
     def model(
         self, level: Level, tool: str = "", args: str | None = None, tenant: str = "default"
     ) -> DurationModel | None:
