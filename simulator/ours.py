@@ -93,14 +93,14 @@ IMPROVEMENTS: dict[str, dict[str, Any]] = {
 #: The defaults of ``cachettl`` (chosen by the ablation; see simulator/README.md).
 DEFAULTS: dict[str, Any] = {
     "keys": "invocation",
-    "load_aware": False,
+    "load_aware": True,
     "load_floor": 0.25,
     "drift": True,
     "share": False,
-    "per_program": False,
+    "per_program": True,
     "cpu_reload": True,
     "ttl_cap_s": 300.0,
-    "budget_share": 0.3,
+    "budget_share": 1.0,
     "victim": "lowest-loss",
     "pressure": PressureRule.RUNNING,
     "order_window_s": 0.0,

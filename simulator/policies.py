@@ -16,7 +16,7 @@ autellix             PLAS: program-level least attained service, 4 geometric lev
 infercept            preserve while elapsed tool time < discard waste (min-waste rule)
 continuum-preview    the authors' preview code: fixed 2 s pin, skip tools with mean > 2 s
 continuum            the paper (estimator policy ``continuum``), models learned online
-cachettl             ours (estimator policy ``cachettl``), models learned online
+cachettl             ours (``simulator.ours``): a switch per improvement over the paper
 oracle               knows each tool's true duration, pins exactly when it pays
 ===================  =====================================================================
 """

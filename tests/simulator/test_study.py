@@ -37,7 +37,7 @@ def test_each_switch_changes_the_policy_it_names() -> None:
     default = get_scheduling_policy("cachettl")
     assert default.keys == "invocation"  # type: ignore[attr-defined]
     assert default.ttl_cap == 300.0
-    assert default.pin_budget_share == 0.3
+    assert default.pin_budget_share == 1.0
     with pytest.raises(ValueError, match="parameter 'keys': must be one of: invocation, tool"):
         get_scheduling_policy("cachettl(keys=word)")
     with pytest.raises(ValueError, match="parameter 'drift': must be one of: 0, 1"):
