@@ -36,7 +36,8 @@ class HookConfig:
     ``policy`` / ``policy_params``: the estimator TTL policy and its parameters.
     ``profile``: hardware profile of the cost model used until prefill timings arrive.
     ``min_samples``: cold-start threshold K of the duration models.
-    ``ttl_cap_s``: hard cap on any TTL. ``budget_fraction``: most of the KV pool pinned.
+    ``ttl_cap_s``: hard cap on any TTL. ``budget_fraction``: most of the KV pool pinned
+    (1.0: no budget, as the simulator's ablation chose; 0.3 protects non-agent traffic).
     ``pressure``: when pins may be released for memory (``running``, ``always``, ``never``).
     ``order``: program-level ordering of the waiting queue. ``order_window_s``: a
     returning turn overtakes only requests that arrived less than this before it (0: no
@@ -56,7 +57,7 @@ class HookConfig:
     profile: str = "llama3.1-8b-h100"
     min_samples: int = 100
     ttl_cap_s: float = 300.0
-    budget_fraction: float = 0.3
+    budget_fraction: float = 1.0
     pressure: str = PressureRule.RUNNING.value
     order: bool = True
     order_window_s: float = 0.0

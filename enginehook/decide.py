@@ -69,6 +69,8 @@ class TtlDecider:
         program_id: str | None = None,
         override_ttl_s: float | None = None,
         reload_cost_s: float | None = None,
+        waiting_tokens: int | None = None,
+        free_tokens: int | None = None,
     ) -> Decision:
         """The TTL for a finished turn that called ``tool``."""
         if override_ttl_s is not None:
@@ -81,6 +83,8 @@ class TtlDecider:
             program_id=program_id,
             turns_served=turns_served,
             reload_cost_s=reload_cost_s,
+            waiting_tokens=waiting_tokens,
+            free_tokens=free_tokens,
         )
         with self._lock:
             return self.policy.decide(facts, self._models)

@@ -119,6 +119,7 @@ class CacheTTLMixin:
     kv_cache_config: Any
     kv_cache_manager: Any
     cache_config: Any
+    block_size: int
     waiting: Any
     kv_holding_waiting: Any
     running: list[Request]
@@ -282,6 +283,7 @@ class CacheTTLMixin:
         if not hints.pin or not self._request_blocks_can_be_freed(request):  # type: ignore[attr-defined]
             self.tracker.finished(program, now, tool=call.name, tool_args=args)
             return False
+        waiting_tokens, free_tokens = self._load_signals()
         decision = self.decider.decide(
             tool=call.name,
             tool_args=args,
@@ -289,6 +291,8 @@ class CacheTTLMixin:
             turns_served=self.tracker.turns_served(program) + 1,
             program_id=program,
             override_ttl_s=hints.pin_ttl_s,
+            waiting_tokens=waiting_tokens,
+            free_tokens=free_tokens,
         )
         self.metrics.decision(decision.basis)
         if decision.ttl_s <= 0:
@@ -307,6 +311,17 @@ class CacheTTLMixin:
             basis=decision.basis,
         )
         return True
+
+    def _load_signals(self) -> tuple[int, int]:
+        """KV tokens the waiting requests still need (prompts less their programs' pinned
+        blocks) and free KV tokens now: the load the policy prices a pin against."""
+        size = self.block_size
+        waiting = 0
+        for r in self.waiting:
+            pin = self.pins.get(r.session_id) if r.session_id else None
+            held = pin.blocks * size if pin is not None else 0
+            waiting += max(0, r.num_tokens - held)
+        return waiting, self._pool.get_num_free_blocks() * size
 
     def _take_pin(
         self, request: Request, program: str, decision: Decision, now: float

@@ -217,7 +217,10 @@ class ContinuumPolicy(TtlPolicy):
 @register_policy
 class CachettlPolicy(TtlPolicy):
     """Ours (DESIGN.md §4): per-invocation keys with back-off, drift forgetting, shared
-    cross-tenant priors for cold start, and a hard TTL cap.
+    cross-tenant priors for cold start (when the tenant shares), a hard TTL cap, a holding
+    cost priced by the load of the moment (``load_aware``; λ = 1 when the caller passes no
+    load signals) and η from the program's own progress (``per_program``). The defaults
+    are those the simulator's ablation kept (simulator/README.md, "cachettl vs the paper").
 
     >>> models = get_policy("cachettl").new_models(min_samples=2)
     >>> for d in [0.1, 0.1, 0.1]:
@@ -237,9 +240,9 @@ class CachettlPolicy(TtlPolicy):
     def __init__(
         self,
         ttl_cap_s: float = 300.0,
-        load_aware: bool = False,
+        load_aware: bool = True,
         load_floor: float = 0.25,
-        per_program: bool = False,
+        per_program: bool = True,
     ) -> None:
         self.ttl_cap_s = check_non_negative("ttl_cap_s", ttl_cap_s)
         self.load_aware = load_aware

@@ -243,12 +243,13 @@ def test_per_program_eta_follows_progress() -> None:
     models = _models("cachettl")
     for _ in range(20):
         models.record_program_end(10)
-    policy = get_policy("cachettl", per_program=True)
+    policy = get_policy("cachettl")  # per_program is the default
     early = RequestFacts("ls", turns_served=1)
     late = RequestFacts("ls", turns_served=9)
     assert policy.eta(early, models) == pytest.approx(0.1)
     assert policy.eta(late, models) == pytest.approx(0.9)
-    assert get_policy("cachettl").eta(early, models) == 1.0  # global η of fixed lengths
+    global_eta = get_policy("cachettl", per_program=False)
+    assert global_eta.eta(early, models) == 1.0  # the global η of fixed lengths
 
 
 def test_signature_cache_is_bounded_and_follows_registration() -> None:
