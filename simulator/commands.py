@@ -1,6 +1,6 @@
 """`cachettl` subcommands of this package (registered by `controlplane.cli`):
-``simulate``, ``trace generate|stats``, ``demo``, ``bench policies`` and
-``bench simulator``."""
+``simulate``, ``trace generate|stats``, ``demo``, ``bench policies``,
+``bench simulator`` and ``bench fidelity``."""
 
 from __future__ import annotations
 
@@ -87,10 +87,11 @@ def register(
     show.set_defaults(handler=_stats)
 
     from simulator import bench as bench_module
-    from simulator import demo, study
+    from simulator import demo, fidelity, study
 
     bench_module.register(bench)
     study.register(bench)
+    fidelity.register(bench)
     demo.register(commands)
 
 

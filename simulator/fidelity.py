@@ -1,0 +1,586 @@
+"""``cachettl bench fidelity``: does the simulator predict the CPU engine?
+
+1. **Measure** step times on the real engine: the saturated trace of ``cachettl bench
+   vllm`` is replayed once on the stock scheduler wrapped by :class:`TimedScheduler` (built
+   on first use, so importing this module does not import vLLM), which logs every engine
+   step (scheduled prefill chunks with their cached context, decode count, KV context read,
+   seconds from ``schedule()`` to the next ``schedule()`` while work remains), every
+   request's arrival and finish, and the scheduler's limits.
+2. **Fit** a :class:`FittedStepTimer` (least squares, non-negative coefficients) to those
+   steps, and the client's per-turn overhead (the time between a turn's finish in the
+   engine and its follow-up's arrival, less the tool's sleep).
+3. **Convert** the bench's programs into simulator programs (:func:`convert_trace`).
+4. **Predict** the stock-vs-hook mean-JCT ratio: the simulator's ``vllm`` policy for the
+   stock scheduler, ``cachettl`` configured as the bench's hook (:func:`hook_policy`), with
+   the hook's cost model (the 8B/H100 roofline it starts from, plus the prefill timings it
+   learns) and its duration models carried from one replay to the next, as the hook's
+   engine keeps them.
+5. **Measure** the ratio with ``enginehook.bench.run_bench`` (the saturated regime) and
+   print both.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from estimator import HardwareProfile, get_profile
+from simulator.steptime import StepTimer
+from simulator.trace import Program, Turn
+
+__all__ = [
+    "Calibration",
+    "FittedStepTimer",
+    "StepSample",
+    "calibration_from_log",
+    "convert_trace",
+    "fit_step_timer",
+    "hook_policy",
+    "predict",
+]
+
+
+def hook_policy(config: Any) -> str:
+    """The simulator's ``cachettl`` set up as ``cachettl bench vllm`` sets up the hook
+    (``config``: an ``enginehook.bench.BenchConfig``): its K, TTL cap and program-order
+    window, the hook's own defaults for what the bench leaves unset (pin budget, pressure
+    rule; :class:`enginehook.config.HookConfig`), lowest-loss victims (the hook's
+    ``PinTable.pressure_victims``), and the estimator policy's defaults for the load-aware
+    cost and per-program η (the hook passes the same load signals the simulator does).
+
+    >>> from enginehook.bench import BenchConfig
+    >>> hook_policy(BenchConfig())  # doctest: +ELLIPSIS
+    'cachettl(min_samples=20,ttl_cap_s=30.0,budget_share=...,pressure=running,...)'
+    """
+    from enginehook.config import HookConfig
+    from estimator import get_policy
+
+    if config.policy != "cachettl":
+        raise ValueError(
+            f"the fidelity check models the hook's 'cachettl' policy, not {config.policy!r}"
+        )
+    hook = HookConfig(policy=config.policy, policy_params=dict(config.policy_params))
+    estimator: Any = get_policy("cachettl", **config.policy_params)
+    cap = min(float(config.policy_params.get("ttl_cap_s", hook.ttl_cap_s)), hook.ttl_cap_s)
+    return (
+        f"cachettl(min_samples={config.min_samples},ttl_cap_s={cap},"
+        f"budget_share={hook.budget_fraction},pressure={hook.pressure},victim=lowest-loss,"
+        f"order_window_s={config.order_window_s},load_aware={int(estimator.load_aware)},"
+        f"per_program={int(estimator.per_program)})"
+    )
+
+
+#: The cost-model profile the hook starts from (``HookConfig.profile``).
+HOOK_PROFILE = "llama3.1-8b-h100"
+#: The hook learns a prefill timing from steps of at least this many tokens.
+_MIN_PREFILL_TOKENS = 64
+_LOG_ENV = "CACHETTL_STEP_LOG"
+_SUFFIX = re.compile(r"(?<=[0-9])-[0-9a-f]{8}$")
+_TERMS = ("step", "sequence", "prefill token", "attention", "context token")
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured engine step."""
+
+    prefills: tuple[tuple[int, int], ...]  # (new tokens, cached context) per chunk
+    decodes: int
+    context_tokens: int  # KV read by all scheduled sequences (cached + new)
+    seconds: float
+    new_requests: int = 0
+
+    def features(self) -> list[float]:
+        new = sum(n for n, _ in self.prefills)
+        attention = sum(n * (c + n / 2.0) for n, c in self.prefills)
+        sequences = len(self.prefills) + self.decodes
+        return [1.0, float(sequences), float(new), attention, float(self.context_tokens)]
+
+
+class FittedStepTimer(StepTimer):
+    """Step time as a linear function of the step's work, fitted to a measured engine:
+    ``c_step + c_seq·sequences + c_tok·prefill tokens + c_attn·Σ new·(cached + new/2)
+    + c_ctx·context tokens`` (no roofline: on a CPU engine with a tiny model the fixed
+    per-step and per-sequence costs dominate).
+
+    >>> timer = FittedStepTimer((1e-3, 1e-4, 1e-5, 0.0, 0.0))
+    >>> round(timer.step([(100, 0)], 2, 300) * 1e3, 3)
+    2.3
+    """
+
+    def __init__(
+        self, coefficients: Sequence[float], profile: HardwareProfile | None = None
+    ) -> None:
+        if len(coefficients) != len(_TERMS):
+            raise ValueError(f"coefficients: need {len(_TERMS)} values, got {len(coefficients)}")
+        super().__init__(profile or get_profile(HOOK_PROFILE), overhead_s=0.0)
+        self.coefficients = tuple(float(c) for c in coefficients)
+
+    def step(
+        self,
+        prefills: Sequence[tuple[int, int]],
+        decodes: int,
+        context_tokens: float,
+        reload_tokens: int = 0,
+    ) -> float:
+        c_step, c_seq, c_tok, c_attn, c_ctx = self.coefficients
+        new = 0
+        attention = 0.0
+        for n, cached in prefills:
+            new += n
+            attention += n * (cached + n / 2.0)
+        sequences = len(prefills) + decodes
+        return (
+            c_step + c_seq * sequences + c_tok * new + c_attn * attention + c_ctx * context_tokens
+        )
+
+    def describe(self) -> dict[str, float]:
+        return dict(zip(_TERMS, self.coefficients, strict=True))
+
+
+def fit_step_timer(samples: Sequence[StepSample]) -> tuple[FittedStepTimer, dict[str, float]]:
+    """Least-squares fit (non-negative coefficients) of a :class:`FittedStepTimer`;
+    returns it and the fit's quality (median and mean absolute relative error, R²)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    if len(samples) < len(_TERMS):
+        raise ValueError(f"need at least {len(_TERMS)} measured steps, got {len(samples)}")
+    x = np.array([s.features() for s in samples], dtype=np.float64)
+    y = np.array([s.seconds for s in samples], dtype=np.float64)
+    scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
+    coef, _ = nnls(x / scale, y)
+    timer = FittedStepTimer(tuple(float(c) for c in coef / scale))
+    predicted = (x / scale) @ coef
+    relative = np.abs(predicted - y) / np.maximum(y, 1e-9)
+    total = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float(((y - predicted) ** 2).sum()) / total if total > 0 else 1.0
+    quality = {
+        "steps": float(len(samples)),
+        "median_abs_rel_error": float(np.median(relative)),
+        "mean_abs_rel_error": float(relative.mean()),
+        "r2": r2,
+        "mean_step_s": float(y.mean()),
+        "mean_predicted_step_s": float(predicted.mean()),
+    }
+    return timer, quality
+
+
+def convert_trace(programs: Sequence[Any], turn_overhead_s: float = 0.0) -> list[Program]:
+    """The bench's programs (``enginehook.bench.Program``) as simulator programs: every turn
+    but the last calls ``bash`` with the bench's command line; a tool gap is the bench's
+    sleep plus ``turn_overhead_s`` (the client's own time between a turn's last token and
+    the follow-up's arrival in the engine).
+
+    >>> from types import SimpleNamespace as NS
+    >>> bench = [NS(pid="p", arrival_s=0.5, turns=[NS(input_tokens=700, output_tokens=30,
+    ...     tool_args="ls -la", tool_s=0.02), NS(input_tokens=90, output_tokens=40,
+    ...     tool_args=None, tool_s=0.0)])]
+    >>> [(t.tool, t.tool_args, round(t.tool_duration_s, 3)) for t in
+    ...  convert_trace(bench, 0.004)[0].turns]
+    [('bash', 'ls -la', 0.024), (None, None, 0.0)]
+    """
+    if turn_overhead_s < 0:
+        raise ValueError(f"turn_overhead_s must be >= 0, got {turn_overhead_s}")
+    out: list[Program] = []
+    for program in programs:
+        turns: list[Turn] = []
+        last = len(program.turns) - 1
+        for k, turn in enumerate(program.turns):
+            if k == last:
+                turns.append(Turn(turn.input_tokens, turn.output_tokens))
+            else:
+                gap = turn.tool_s + turn_overhead_s
+                turns.append(
+                    Turn(turn.input_tokens, turn.output_tokens, "bash", turn.tool_args, gap)
+                )
+        out.append(Program(program.pid, program.arrival_s, tuple(turns)))
+    out.sort(key=lambda p: (p.arrival_s, p.program_id))
+    return out
+
+
+@dataclass
+class Calibration:
+    """What the measured replay showed: steps, client overhead, scheduler limits."""
+
+    samples: list[StepSample]
+    turn_overhead_s: float
+    prefill_timings: list[tuple[int, float]]
+    limits: dict[str, int] = field(default_factory=dict)
+
+
+def _step_sample(record: dict[str, Any], seconds: float) -> StepSample:
+    return StepSample(
+        tuple((int(n), int(c)) for n, c in record["prefills"]),
+        int(record["decodes"]),
+        int(record["context"]),
+        seconds,
+        int(record.get("new", 0)),
+    )
+
+
+def _client_id(request_id: str) -> str:
+    """The client's request id: vLLM appends ``-<8 hex digits>`` to it internally.
+
+    >>> _client_id("prog-003-2-8d4877d2"), _client_id("prog-003-2")
+    ('prog-003-2', 'prog-003-2')
+    """
+    return _SUFFIX.sub("", request_id)
+
+
+def calibration_from_log(
+    records: Sequence[dict[str, Any]], tool_s: dict[str, float]
+) -> Calibration:
+    """Read :class:`TimedScheduler`'s records. ``tool_s``: request id → the tool sleep that
+    follows it (what the client waits between the request's finish and the next turn).
+
+    A step's time runs from its ``schedule()`` to the next ``schedule()`` when the engine
+    still had work at its end (otherwise the gap includes idle waiting and is dropped).
+    """
+    steps = [r for r in records if r["kind"] == "step"]
+    samples: list[StepSample] = []
+    prefills: list[tuple[int, float]] = []
+    for this, after in itertools.pairwise(steps):
+        if not this["busy"] or not (this["prefills"] or this["decodes"]):
+            continue
+        sample = _step_sample(this, after["t"] - this["t"])
+        samples.append(sample)
+        tokens = sum(n for n, _ in sample.prefills) + sample.decodes
+        if sample.new_requests and tokens >= _MIN_PREFILL_TOKENS:
+            prefills.append((tokens, this["compute_s"]))
+    arrivals = {_client_id(r["id"]): r["t"] for r in records if r["kind"] == "arrival"}
+    finishes = {_client_id(r["id"]): r["t"] for r in records if r["kind"] == "finish"}
+    gaps: list[float] = []
+    for request_id, finished in finishes.items():
+        program, _, turn = request_id.rpartition("-")
+        follow = arrivals.get(f"{program}-{int(turn) + 1}") if turn.isdigit() else None
+        if follow is not None and request_id in tool_s:
+            gaps.append(max(0.0, follow - finished - tool_s[request_id]))
+    limits: dict[str, int] = next((r["limits"] for r in records if r["kind"] == "limits"), {})
+    overhead = statistics.median(gaps) if gaps else 0.0
+    return Calibration(samples, overhead, prefills, dict(limits))
+
+
+# -- the step-logging scheduler (vLLM imported on first use) ---------------------------
+
+
+class _StepLog:
+    """Mixed in before vLLM's ``Scheduler``: logs every step to ``$CACHETTL_STEP_LOG``."""
+
+    vllm_config: Any
+    kv_cache_manager: Any
+    requests: dict[str, Any]
+    running: list[Any]
+    waiting: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._log = open(os.environ[_LOG_ENV], "a", encoding="utf-8")  # noqa: SIM115
+        config = self.vllm_config.scheduler_config
+        limits = {
+            "max_num_batched_tokens": int(config.max_num_batched_tokens),
+            "max_num_seqs": int(config.max_num_seqs),
+            "chunked_prefill": int(bool(config.enable_chunked_prefill)),
+            "num_gpu_blocks": int(self.kv_cache_manager.block_pool.num_gpu_blocks),
+        }
+        self._write({"kind": "limits", "limits": limits})
+        self._pending: dict[str, Any] | None = None
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._log.write(json.dumps(record) + "\n")
+        self._log.flush()
+
+    def add_request(self, request: Any) -> None:
+        self._write({"kind": "arrival", "id": request.request_id, "t": time.time()})
+        super().add_request(request)  # type: ignore[misc]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.time()
+        output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        prefills: list[tuple[int, int]] = []
+        decodes = 0
+        context = 0
+        for request_id, n in output.num_scheduled_tokens.items():
+            request = self.requests[request_id]
+            before = request.num_computed_tokens - n
+            context += before + n
+            if n == 1 and before >= request.num_prompt_tokens:
+                decodes += 1
+            else:
+                prefills.append((n, before))
+        self._pending = {
+            "kind": "step",
+            "t": started,
+            "prefills": prefills,
+            "decodes": decodes,
+            "context": context,
+            "new": len(output.scheduled_new_reqs),
+            "scheduled_at": time.perf_counter(),
+        }
+        return output
+
+    def update_from_output(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        result = super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+        record = self._pending
+        if record is not None:
+            self._pending = None
+            record["compute_s"] = time.perf_counter() - record.pop("scheduled_at")
+            record["busy"] = bool(self.running or self.waiting)
+            self._write(record)
+        return result
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self._write({"kind": "finish", "id": request.request_id, "t": time.time()})
+        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+
+
+def _timed_scheduler_class() -> type:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return type("TimedScheduler", (_StepLog, Scheduler), {"__module__": __name__})
+
+
+def __getattr__(name: str) -> Any:
+    """``TimedScheduler`` is built on first access (vLLM resolves it by this name)."""
+    if name == "TimedScheduler":
+        cls = _timed_scheduler_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- measuring, predicting, comparing ---------------------------------------------------
+
+
+def _tool_sleeps(programs: Sequence[Any]) -> dict[str, float]:
+    return {
+        f"{p.pid}-{k}": turn.tool_s
+        for p in programs
+        for k, turn in enumerate(p.turns)
+        if k < len(p.turns) - 1
+    }
+
+
+async def _calibrate(config: Any, model: Path, programs: Sequence[Any], log: Path) -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from enginehook import bench
+
+    args = bench._engine_args(config, model, None, scheduler_cls=f"{__name__}.TimedScheduler")
+    os.environ[_LOG_ENV] = str(log)
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+    try:
+        warm = bench.make_trace(bench.BenchConfig(programs=2, seed=99), 0.01)
+        await bench._replay(engine, warm, 99)
+        await engine.reset_prefix_cache()
+        with log.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"kind": "mark"}) + "\n")
+        await bench._replay(engine, list(programs), config.seed)
+    finally:
+        engine.shutdown()
+        os.environ.pop(_LOG_ENV, None)
+
+
+def measure_steps(config: Any, model: Path, programs: Sequence[Any], log: Path) -> Calibration:
+    """Replay ``programs`` once on the stock scheduler with step logging; the calibration
+    from the replay after the warm-up (``log`` receives the raw records)."""
+    import asyncio
+
+    log.write_text("")
+    asyncio.run(_calibrate(config, model, programs, log))
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    marks = [i for i, r in enumerate(records) if r["kind"] == "mark"]
+    limits = [r for r in records if r["kind"] == "limits"]
+    measured = limits + records[marks[-1] + 1 :] if marks else records
+    return calibration_from_log(measured, _tool_sleeps(programs))
+
+
+def engine_config(limits: dict[str, int], block_size: int, blocks: int, max_num_seqs: int) -> Any:
+    """The simulated engine for the bench's settings. vLLM keeps one of its blocks as the
+    null block, so the pool has ``blocks − 1`` usable blocks."""
+    from simulator.engine import EngineConfig
+
+    return EngineConfig(
+        block_size=block_size,
+        max_num_batched_tokens=int(limits.get("max_num_batched_tokens", 2048)),
+        max_num_seqs=int(limits.get("max_num_seqs", max_num_seqs)),
+        kv_tokens=(int(limits.get("num_gpu_blocks", blocks)) - 1) * block_size,
+    )
+
+
+def predict(
+    programs: Sequence[Program],
+    timer: StepTimer,
+    config: Any,
+    prefill_timings: Sequence[tuple[int, float]] = (),
+    repeats: int = 2,
+    hook_spec: str = "cachettl",
+) -> dict[str, Any]:
+    """Simulated stock (``vllm``) and hook (``hook_spec``) replays of ``programs``.
+
+    As in the bench, the hook's engine keeps what it learned across replays (duration
+    models, η, T, prefill timings): replay ``k`` starts from replay ``k − 1``'s models.
+    Mean JCTs are over all replays' programs."""
+    from simulator.policies import get_scheduling_policy
+    from simulator.sim import Simulation
+
+    profile = get_profile(HOOK_PROFILE)
+    figures: dict[str, Any] = {}
+    for name, spec in (("stock", "vllm"), ("cachettl", hook_spec)):
+        jcts: list[float] = []
+        hits = prompts = 0
+        models = None
+        for _ in range(repeats):
+            sim = Simulation(programs, get_scheduling_policy(spec), profile, config, timer=timer)
+            if sim.policy.models is not None:
+                if models is None:
+                    for tokens, seconds in prefill_timings:
+                        sim.policy.models.record_prefill(tokens, seconds)
+                else:
+                    sim.policy.models = models
+                models = sim.policy.models
+            run = sim.run()
+            jcts += [p.jct_s for p in run.programs]
+            hits += run.hit_tokens
+            prompts += run.prompt_tokens
+        figures[name] = {
+            "mean_jct_s": statistics.fmean(jcts),
+            "prefix_hit_share": hits / max(1, prompts),
+        }
+    figures["mean_jct_ratio"] = figures["cachettl"]["mean_jct_s"] / figures["stock"]["mean_jct_s"]
+    return figures
+
+
+def run_fidelity(
+    config: Any, bench_report: dict[str, Any] | None = None, log: Path | None = None
+) -> dict[str, Any]:
+    """Steps 1–5: measure step times, fit, convert, predict, and (unless ``bench_report``
+    — a ``cachettl bench vllm --json`` report of the same settings — is given) measure."""
+    import tempfile
+
+    from enginehook import bench
+    from enginehook.tinymodel import build_tiny_llama
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    model_dir = config.model_dir or str(Path.home() / ".cache" / "cachettl" / "tiny-llama")
+    model = build_tiny_llama(model_dir)
+    compress = config.regimes["saturated"]
+    trace = bench.make_trace(config, compress)
+    log = log or Path(tempfile.mkdtemp(prefix="cachettl-fidelity-")) / "steps.jsonl"
+    calibration = measure_steps(config, model, trace, log)
+    timer, quality = fit_step_timer(calibration.samples)
+    programs = convert_trace(trace, calibration.turn_overhead_s)
+    engine = engine_config(
+        calibration.limits, config.block_size, config.blocks, config.max_num_seqs
+    )
+    spec = hook_policy(config)
+    predicted = predict(programs, timer, engine, calibration.prefill_timings, config.repeats, spec)
+    if bench_report is None:
+        bench_report = bench.run_bench(config)
+    regime = bench_report["regimes"]["saturated"]
+    measured = {
+        "stock": {
+            "mean_jct_s": regime["stock"]["mean_jct_s"],
+            "prefix_hit_share": regime["stock"]["prefix_hit_share"],
+        },
+        "cachettl": {
+            "mean_jct_s": regime["cachettl"]["mean_jct_s"],
+            "prefix_hit_share": regime["cachettl"]["prefix_hit_share"],
+        },
+        "mean_jct_ratio": regime["mean_jct_ratio"],
+    }
+    error = predicted["mean_jct_ratio"] / measured["mean_jct_ratio"] - 1.0
+    return {
+        "predicted": predicted,
+        "measured": measured,
+        "ratio_error": error,
+        "within_15_percent": abs(error) <= 0.15,
+        "step_model": {**timer.describe(), **quality},
+        "turn_overhead_s": calibration.turn_overhead_s,
+        "engine": calibration.limits,
+        "hook_policy": spec,
+        "step_log": str(log),
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The side-by-side table."""
+    p, m = report["predicted"], report["measured"]
+    lines = [
+        f"{'':10s} {'predicted':>22s} {'measured':>22s}",
+        f"{'':10s} {'mean JCT':>10s} {'hit share':>11s} {'mean JCT':>10s} {'hit share':>11s}",
+    ]
+    for name in ("stock", "cachettl"):
+        lines.append(
+            f"{name:10s} {p[name]['mean_jct_s']:9.2f}s {p[name]['prefix_hit_share']:10.1%} "
+            f"{m[name]['mean_jct_s']:9.2f}s {m[name]['prefix_hit_share']:10.1%}"
+        )
+    lines.append(f"{'ratio':10s} {p['mean_jct_ratio']:9.3f}× {'':11s} {m['mean_jct_ratio']:9.3f}×")
+    verdict = "within" if report["within_15_percent"] else "NOT within"
+    lines.append(f"predicted/measured ratio − 1: {report['ratio_error']:+.1%} ({verdict} 15 %)")
+    s = report["step_model"]
+    lines.append(
+        f"step model: {s['step'] * 1e3:.3f} ms + {s['sequence'] * 1e3:.3f} ms/seq + "
+        f"{s['prefill token'] * 1e6:.2f} µs/prefill token + {s['attention'] * 1e9:.4f} ns/attn "
+        f"+ {s['context token'] * 1e9:.2f} ns/context token; {int(s['steps'])} steps, median "
+        f"|error| {s['median_abs_rel_error']:.1%}, R² {s['r2']:.2f}; client overhead per "
+        f"turn {report['turn_overhead_s'] * 1e3:.1f} ms"
+    )
+    return "\n".join(lines)
+
+
+def register(bench: Any) -> None:
+    """``cachettl bench fidelity``."""
+    parser = bench.add_parser(
+        "fidelity",
+        help="fit the simulator to the CPU engine, predict and measure `bench vllm`'s ratio",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--programs", type=int, default=24, help="agent programs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=2, help="alternating replays")
+    parser.add_argument(
+        "--bench-json",
+        metavar="FILE",
+        help="a `cachettl bench vllm --json` report of the same settings to compare "
+        "with, instead of running the bench again",
+    )
+    parser.add_argument("--step-log", metavar="FILE", help="where to keep the step log")
+    parser.set_defaults(handler=_handle)
+
+
+def _handle(args: Any) -> int:
+    from enginehook.bench import BenchConfig
+
+    if args.programs < 1:
+        raise ValueError(f"--programs must be >= 1, got {args.programs}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    report_in = None
+    if args.bench_json:
+        try:
+            report_in = json.loads(Path(args.bench_json).read_text())
+            report_in["regimes"]["saturated"]["mean_jct_ratio"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"--bench-json: not a bench vllm report ({error})") from None
+    config = BenchConfig(
+        programs=args.programs,
+        seed=args.seed,
+        repeats=args.repeats,
+        regimes={"saturated": 0.1},
+        overhead_pins=0,
+    )
+    log = Path(args.step_log) if args.step_log else None
+    report = run_fidelity(config, report_in, log)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
