@@ -1,22 +1,16 @@
 """``cachettl bench fidelity``: does the simulator predict the CPU engine?
 
-1. **Measure** step times on the real engine: the saturated trace of ``cachettl bench
-   vllm`` is replayed once on the stock scheduler wrapped by :class:`TimedScheduler` (built
-   on first use, so importing this module does not import vLLM), which logs every engine
-   step (scheduled prefill chunks with their cached context, decode count, KV context read,
-   seconds from ``schedule()`` to the next ``schedule()`` while work remains), every
-   request's arrival and finish, and the scheduler's limits.
-2. **Fit** a :class:`FittedStepTimer` (least squares, non-negative coefficients) to those
-   steps, and the client's per-turn overhead (the time between a turn's finish in the
-   engine and its follow-up's arrival, less the tool's sleep).
+1. **Measure** step times: the saturated trace of ``cachettl bench vllm`` is replayed once
+   on the stock scheduler wrapped by :class:`TimedScheduler` (built on first use: importing
+   this module does not import vLLM), which logs every step (prefill chunks with their
+   cached context, decodes, KV context read), every request's arrival and finish, and the
+   scheduler's limits.
+2. **Fit** a :class:`FittedStepTimer` to the steps, and the client's own time per turn.
 3. **Convert** the bench's programs into simulator programs (:func:`convert_trace`).
-4. **Predict** the stock-vs-hook mean-JCT ratio: the simulator's ``vllm`` policy for the
-   stock scheduler, ``cachettl`` configured as the bench's hook (:func:`hook_policy`), with
-   the hook's cost model (the 8B/H100 roofline it starts from, plus the prefill timings it
-   learns) and its duration models carried from one replay to the next, as the hook's
-   engine keeps them.
-5. **Measure** the ratio with ``enginehook.bench.run_bench`` (the saturated regime) and
-   print both.
+4. **Predict** the stock-vs-hook mean-JCT ratio: ``vllm`` for the stock scheduler,
+   ``cachettl`` set up as the bench's hook (:func:`hook_policy`) with the hook's cost model
+   and its models carried from one replay to the next, as the hook's engine keeps them.
+5. **Measure** the ratio with ``enginehook.bench.run_bench`` (saturated regime); print both.
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ import re
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,16 +124,8 @@ class FittedStepTimer(StepTimer):
         context_tokens: float,
         reload_tokens: int = 0,
     ) -> float:
-        c_step, c_seq, c_tok, c_attn, c_ctx = self.coefficients
-        new = 0
-        attention = 0.0
-        for n, cached in prefills:
-            new += n
-            attention += n * (cached + n / 2.0)
-        sequences = len(prefills) + decodes
-        return (
-            c_step + c_seq * sequences + c_tok * new + c_attn * attention + c_ctx * context_tokens
-        )
+        work = StepSample(tuple(prefills), decodes, int(context_tokens), 0.0).features()
+        return sum(c * x for c, x in zip(self.coefficients, work, strict=True))
 
     def describe(self) -> dict[str, float]:
         return dict(zip(_TERMS, self.coefficients, strict=True))
@@ -396,7 +382,16 @@ def measure_steps(config: Any, model: Path, programs: Sequence[Any], log: Path) 
 
     log.write_text("")
     asyncio.run(_calibrate(config, model, programs, log))
-    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return read_calibration(log, programs)
+
+
+def read_calibration(log: Path, programs: Sequence[Any]) -> Calibration:
+    """The calibration in a step log written by :func:`measure_steps`."""
+    try:
+        text = log.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"cannot read step log {str(log)!r}: {error.strerror}") from None
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
     marks = [i for i, r in enumerate(records) if r["kind"] == "mark"]
     limits = [r for r in records if r["kind"] == "limits"]
     measured = limits + records[marks[-1] + 1 :] if marks else records
@@ -460,10 +455,14 @@ def predict(
 
 
 def run_fidelity(
-    config: Any, bench_report: dict[str, Any] | None = None, log: Path | None = None
+    config: Any,
+    bench_report: dict[str, Any] | None = None,
+    log: Path | None = None,
+    reuse_log: bool = False,
 ) -> dict[str, Any]:
-    """Steps 1–5: measure step times, fit, convert, predict, and (unless ``bench_report``
-    — a ``cachettl bench vllm --json`` report of the same settings — is given) measure."""
+    """Steps 1–5: measure step times (``reuse_log``: read them from ``log`` instead), fit,
+    convert, predict, and measure (unless ``bench_report`` — a ``cachettl bench vllm
+    --json`` report of the same settings — is given)."""
     import tempfile
 
     from enginehook import bench
@@ -477,28 +476,34 @@ def run_fidelity(
     compress = config.regimes["saturated"]
     trace = bench.make_trace(config, compress)
     log = log or Path(tempfile.mkdtemp(prefix="cachettl-fidelity-")) / "steps.jsonl"
-    calibration = measure_steps(config, model, trace, log)
+    if reuse_log:
+        calibration = read_calibration(log, trace)
+    else:
+        calibration = measure_steps(config, model, trace, log)
     timer, quality = fit_step_timer(calibration.samples)
     programs = convert_trace(trace, calibration.turn_overhead_s)
     engine = engine_config(
         calibration.limits, config.block_size, config.blocks, config.max_num_seqs
     )
     spec = hook_policy(config)
-    predicted = predict(programs, timer, engine, calibration.prefill_timings, config.repeats, spec)
+    timings = calibration.prefill_timings
+    predicted = predict(programs, timer, engine, timings, config.repeats, spec)
+    old_budget = re.sub(r"budget_share=[0-9.]+", "budget_share=0.3", spec)
+    roofline = StepTimer(get_profile(HOOK_PROFILE))
+    variants: dict[str, float] = {}
+    for label, p, t, e, h in (
+        ("roofline 8B/H100 step times", programs, roofline, engine, spec),
+        ("no client overhead per turn", convert_trace(trace), timer, engine, spec),
+        ("blocks of 16 tokens", programs, timer, replace(engine, block_size=16), spec),
+        ("pin budget 30 % (old hook default)", programs, timer, engine, old_budget),
+    ):
+        variants[label] = predict(p, t, e, timings, config.repeats, h)["mean_jct_ratio"]
     if bench_report is None:
         bench_report = bench.run_bench(config)
     regime = bench_report["regimes"]["saturated"]
-    measured = {
-        "stock": {
-            "mean_jct_s": regime["stock"]["mean_jct_s"],
-            "prefix_hit_share": regime["stock"]["prefix_hit_share"],
-        },
-        "cachettl": {
-            "mean_jct_s": regime["cachettl"]["mean_jct_s"],
-            "prefix_hit_share": regime["cachettl"]["prefix_hit_share"],
-        },
-        "mean_jct_ratio": regime["mean_jct_ratio"],
-    }
+    keys = ("mean_jct_s", "prefix_hit_share")
+    measured: dict[str, Any] = {n: {k: regime[n][k] for k in keys} for n in ("stock", "cachettl")}
+    measured["mean_jct_ratio"] = regime["mean_jct_ratio"]
     error = predicted["mean_jct_ratio"] / measured["mean_jct_ratio"] - 1.0
     return {
         "predicted": predicted,
@@ -509,6 +514,7 @@ def run_fidelity(
         "turn_overhead_s": calibration.turn_overhead_s,
         "engine": calibration.limits,
         "hook_policy": spec,
+        "variants": variants,
         "step_log": str(log),
     }
 
@@ -536,6 +542,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"|error| {s['median_abs_rel_error']:.1%}, R² {s['r2']:.2f}; client overhead per "
         f"turn {report['turn_overhead_s'] * 1e3:.1f} ms"
     )
+    lines += [f"  predicted ratio with {k}: {v:.3f}×" for k, v in report["variants"].items()]
     return "\n".join(lines)
 
 
@@ -556,6 +563,9 @@ def register(bench: Any) -> None:
         "with, instead of running the bench again",
     )
     parser.add_argument("--step-log", metavar="FILE", help="where to keep the step log")
+    parser.add_argument(
+        "--from-log", metavar="FILE", help="read step times from this step log, do not measure"
+    )
     parser.set_defaults(handler=_handle)
 
 
@@ -580,7 +590,9 @@ def _handle(args: Any) -> int:
         regimes={"saturated": 0.1},
         overhead_pins=0,
     )
-    log = Path(args.step_log) if args.step_log else None
-    report = run_fidelity(config, report_in, log)
+    if args.from_log and args.step_log:
+        raise ValueError("--from-log and --step-log: give one of them")
+    path = args.from_log or args.step_log
+    report = run_fidelity(config, report_in, Path(path) if path else None, bool(args.from_log))
     print(json.dumps(report) if args.json else format_report(report))
     return 0

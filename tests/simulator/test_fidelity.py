@@ -1,6 +1,8 @@
 """The fidelity check's conversion, fitting and prediction logic (no engine)."""
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from simulator.fidelity import (
     fit_step_timer,
     hook_policy,
     predict,
+    read_calibration,
 )
 from simulator.ours import Cachettl
 from simulator.policies import get_scheduling_policy
@@ -159,3 +162,18 @@ def test_predict_runs_both_schedulers_on_the_bench_trace():
     assert figures["mean_jct_ratio"] == pytest.approx(
         figures["cachettl"]["mean_jct_s"] / figures["stock"]["mean_jct_s"]
     )
+
+
+def test_read_calibration_uses_the_replay_after_the_warm_up_mark(tmp_path: Path) -> None:
+    limits = {"max_num_batched_tokens": 2048, "max_num_seqs": 8, "num_gpu_blocks": 240}
+    warm = [_step(0.0, [[50, 0]], 0, True), _step(1.0, [], 1, True)]
+    replay = [_step(2.0, [[700, 0]], 0, True, new=1), _step(2.02, [], 1, False)]
+    lines = [{"kind": "limits", "limits": limits}, *warm, {"kind": "mark"}, *replay]
+    log = tmp_path / "steps.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    calibration = read_calibration(log, [])
+    assert [s.prefills for s in calibration.samples] == [((700, 0),)]
+    assert calibration.samples[0].seconds == pytest.approx(0.02)
+    assert calibration.limits == limits
+    with pytest.raises(ValueError, match="cannot read step log"):
+        read_calibration(tmp_path / "missing.jsonl", [])
