@@ -106,6 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     get_profile(args.profile)  # ValueError naming the valid profiles
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin set-up chatter
     store = create_store(_db(args))
     plane = ControlPlane(
         store, args.policy, _policy_params(args), args.min_samples, profile=args.profile
