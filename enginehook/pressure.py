@@ -16,14 +16,14 @@ memory), then program id. Programs with a request already waiting are never chos
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from enginehook.pins import Pin
 
-__all__ = ["PressureRule", "choose_victims", "may_release"]
+__all__ = ["PressureRule", "choose_victims", "may_release", "take_until_covered"]
 
 
 class PressureRule(Enum):
@@ -91,11 +91,25 @@ def choose_victims(
     if allow_waiting:
         held = [p for p in pins if p.program_id in waiting_programs]
         order = free + sorted(held, key=lambda p: _order(p, now))
-    victims: list[Pin[Any]] = []
+    return take_until_covered(order, needed_blocks)
+
+
+P = TypeVar("P", bound="Pin[Any]")
+
+
+def take_until_covered(order: Iterable[P], needed_blocks: int) -> list[P]:
+    """The first pins of ``order`` whose blocks together cover ``needed_blocks``.
+
+    >>> from enginehook.pins import Pin
+    >>> pins = [Pin(name, n, 0.0, 1.0, 1.0) for name, n in (("a", 3), ("b", 2), ("c", 9))]
+    >>> [p.program_id for p in take_until_covered(pins, 4)]
+    ['a', 'b']
+    """
+    chosen: list[P] = []
     total = 0
     for pin in order:
         if total >= needed_blocks:
             break
-        victims.append(pin)
+        chosen.append(pin)
         total += pin.blocks
-    return victims
+    return chosen

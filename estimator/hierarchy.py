@@ -41,6 +41,17 @@ class Lookup:
 _Key = tuple[str, str, str]  # (level-scope, tool, signature)
 
 
+def _key(level: Level, tool: str, signature: str, tenant: str) -> _Key:
+    """Where one level's model of a call is stored."""
+    if level is Level.SHARED:
+        return ("shared", tool, "")
+    if level is Level.TENANT:
+        return (f"t:{tenant}", "", "")
+    if level is Level.TOOL:
+        return (f"t:{tenant}", tool, "")
+    return (f"t:{tenant}", tool, signature)
+
+
 class DurationHierarchy(Estimator):
     """All duration models of all tenants, keyed by level.
 
@@ -91,12 +102,13 @@ class DurationHierarchy(Estimator):
             raise ValueError("tool must be a non-empty string")
         duration_s = check_duration("duration_s", duration_s)  # nothing half-updated
         signature = self.signatures.signature(tool, args)
-        self._model((f"t:{tenant}", "", "")).update(duration_s)
-        self._model((f"t:{tenant}", tool, "")).update(duration_s)
+        levels = [Level.TENANT, Level.TOOL]
         if signature:
-            self._model((f"t:{tenant}", tool, signature)).update(duration_s)
+            levels.append(Level.INVOCATION)
         if share:
-            self._model(("shared", tool, "")).update(duration_s)
+            levels.append(Level.SHARED)
+        for level in levels:
+            self._model(_key(level, tool, signature, tenant)).update(duration_s)
         self._tenant_totals[tenant] = self._tenant_totals.get(tenant, 0) + 1
 
     def restore(
@@ -117,16 +129,9 @@ class DurationHierarchy(Estimator):
         >>> h.lookup("bash", "ls -la").level
         <Level.INVOCATION: 'invocation'>
         """
-        if level is Level.SHARED:
-            key: _Key = ("shared", tool, "")
-        elif level is Level.TENANT:
-            key = (f"t:{tenant}", "", "")
-        elif level is Level.TOOL:
-            key = (f"t:{tenant}", tool, "")
-        elif signature:
-            key = (f"t:{tenant}", tool, signature)
-        else:
+        if level is Level.INVOCATION and not signature:
             raise ValueError("signature must be non-empty for Level.INVOCATION")
+        key = _key(level, tool, signature, tenant)
         if level is not Level.TENANT and not tool:
             raise ValueError(f"tool must be a non-empty string for {level!r}")
         model = self._prototype.clone()
@@ -143,18 +148,10 @@ class DurationHierarchy(Estimator):
         self, level: Level, tool: str = "", args: str | None = None, tenant: str = "default"
     ) -> DurationModel | None:
         """The model of one level for this call, or None if it has no samples yet."""
-        if level is Level.SHARED:
-            key: _Key = ("shared", tool, "")
-        elif level is Level.TENANT:
-            key = (f"t:{tenant}", "", "")
-        elif level is Level.TOOL:
-            key = (f"t:{tenant}", tool, "")
-        else:
-            signature = self.signatures.signature(tool, args)
-            if not signature:
-                return None
-            key = (f"t:{tenant}", tool, signature)
-        return self._models.get(key)
+        signature = self.signatures.signature(tool, args) if level is Level.INVOCATION else ""
+        if level is Level.INVOCATION and not signature:
+            return None
+        return self._models.get(_key(level, tool, signature, tenant))
 
     def lookup(
         self,

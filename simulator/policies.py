@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from enginehook.pins import Pin
-from enginehook.pressure import PressureRule, choose_victims, may_release
+from enginehook.pressure import PressureRule, choose_victims, may_release, take_until_covered
 from enginehook.priority import effective_program_arrival, priority_key
 from enginehook.tracker import ToolCallEvent
 from estimator import (
@@ -319,14 +319,7 @@ class Autellix(SchedulingPolicy):
 def _latest_arrival(pins: list[Pin[PinHandle]], needed: int) -> list[Pin[PinHandle]]:
     """The paper: latest program arrival first, until the blocks cover ``needed``."""
     order = sorted(pins, key=lambda p: (-(p.handle or (0, 0.0))[1], p.program_id))
-    chosen: list[Pin[PinHandle]] = []
-    total = 0
-    for pin in order:
-        if total >= needed:
-            break
-        chosen.append(pin)
-        total += pin.blocks
-    return chosen
+    return take_until_covered(order, needed)
 
 
 _PRESSURE = Param(
