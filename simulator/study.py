@@ -25,9 +25,15 @@ from simulator.report import run_policies
 from simulator.trace import Program, redraw_arrivals
 from simulator.workloads import generate
 
-__all__ = ["WORKLOADS", "Study", "cachettl_spec", "register", "variants"]
+__all__ = ["UNLIMITED_KV", "WORKLOADS", "Study", "cachettl_spec", "register", "variants"]
 
 HARDWARE = "llama3.1-8b-h100"
+
+#: The reference row: ``vllm`` on a KV pool nothing is ever evicted from, so every turn
+#: hits its prefix and no request waits for memory. Only compute is shared; no retention
+#: policy can beat it by more than what a different waiting-queue order buys.
+UNLIMITED_KV = "vllm, unlimited KV"
+_UNLIMITED_KV_TOKENS = 1 << 34
 
 
 def cachettl_spec(settings: dict[str, Any]) -> str:
@@ -57,6 +63,7 @@ def variants(share: bool = False) -> list[tuple[str, str]]:
         together.update(on)
     rows.append(("all together", cachettl_spec(together)))
     rows += [("cachettl (defaults)", "cachettl"), ("oracle", "oracle")]
+    rows.append((f"{UNLIMITED_KV} (no eviction)", UNLIMITED_KV))
     return rows
 
 
@@ -140,14 +147,21 @@ class Study:
         return self._rate[workload]
 
     def measure(self, workload: str, rate: float, specs: Sequence[str]) -> dict[str, list[float]]:
-        """Per spec: [mean JCT, P99 JCT, first-turn wait P90], averaged over the seeds."""
+        """Per spec: [mean JCT, P99 JCT, first-turn wait P90], averaged over the seeds.
+        The spec :data:`UNLIMITED_KV` is ``vllm`` on a pool that never evicts."""
         out = {spec: [0.0, 0.0, 0.0] for spec in specs}
+        policies = [spec for spec in specs if spec != UNLIMITED_KV]
         for seed in self.seeds:
             trace = redraw_arrivals(self.base(workload, seed), rate, seed)
             iso = self._iso[(workload, seed)]
             res: dict[str, PolicyMetrics] = run_policies(
-                trace, list(specs), HARDWARE, EngineConfig(), isolated=iso
+                trace, policies, HARDWARE, EngineConfig(), isolated=iso
             )
+            if UNLIMITED_KV in specs:
+                unlimited = EngineConfig(kv_tokens=_UNLIMITED_KV_TOKENS)
+                res[UNLIMITED_KV] = run_policies(
+                    trace, ["vllm"], HARDWARE, unlimited, isolated=iso
+                )["vllm"]
             for spec in specs:
                 m = res[spec]
                 values = (m.mean_jct_s, m.p99_jct_s, m.first_turn_wait_p90_s)
@@ -232,6 +246,7 @@ def _ablation(args: argparse.Namespace) -> int:
         if extra:
             base = ["vllm", "continuum", "oracle"]
             rows = [(s, s) for s in dict.fromkeys([*base, *extra])]
+            rows.append((f"{UNLIMITED_KV} (no eviction)", UNLIMITED_KV))
         else:
             rows = variants(share=name == "swe-tenants")
         table, summary[name] = _table(study, name, loads, rows)

@@ -11,7 +11,16 @@ from controlplane.cli import main
 from simulator.ours import BASE, IMPROVEMENTS
 from simulator.policies import get_scheduling_policy
 from simulator.sim import Simulation, simulate
-from simulator.study import cachettl_spec, minutes, shifted, short_tools, tenants, variants
+from simulator.study import (
+    UNLIMITED_KV,
+    Study,
+    cachettl_spec,
+    minutes,
+    shifted,
+    short_tools,
+    tenants,
+    variants,
+)
 from simulator.trace import redraw_arrivals
 from simulator.workloads import generate
 
@@ -115,6 +124,16 @@ def test_variants_cover_each_improvement_and_all() -> None:
     assert "+ shared priors" not in labels
     assert "+ shared priors" in dict(variants(True))
     assert {"all together", "cachettl (defaults)", "oracle"} <= set(labels)
+    assert dict(variants())["vllm, unlimited KV (no eviction)"] == UNLIMITED_KV
+
+
+def test_unlimited_kv_row_bounds_what_retention_can_do() -> None:
+    study = Study(programs=40, seeds=[3])
+    fig = study.measure("swe", 0.09, ["vllm", UNLIMITED_KV])
+    isolated = study._iso[("swe", 3)]
+    floor = sum(isolated.values()) / len(isolated)
+    vllm, unlimited = fig["vllm"][0], fig[UNLIMITED_KV][0]
+    assert floor <= unlimited < vllm  # contention for compute only, none for memory
 
 
 def test_bench_ablation_command(tmp_path, capsys) -> None:
@@ -127,7 +146,8 @@ def test_bench_ablation_command(tmp_path, capsys) -> None:
     )  # fmt: skip
     assert code == 0
     data = json.loads(out.with_suffix(".json").read_text())
-    assert set(data["swe"]["rows"]) == {"vllm", "continuum", "oracle", "cachettl(drift=0)"}
+    rows = {"vllm", "continuum", "oracle", "cachettl(drift=0)", f"{UNLIMITED_KV} (no eviction)"}
+    assert set(data["swe"]["rows"]) == rows
     assert "| cachettl(drift=0) |" in out.with_suffix(".md").read_text()
     assert main(["bench", "ablation", "--workloads", "nope"]) == 2
     assert "unknown workload 'nope'" in capsys.readouterr().err
