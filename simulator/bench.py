@@ -59,11 +59,12 @@ def _slowdown(
     rate: float,
     hw: str,
     policy: str = "vllm",
+    config: EngineConfig | None = None,
 ) -> float:
     """``policy``'s mean slowdown at ``rate``, averaged over ``(programs, isolated, seed)``."""
     total = 0.0
     for programs, iso, seed in traces:
-        result = simulate(redraw_arrivals(programs, rate, seed), policy, hw)
+        result = simulate(redraw_arrivals(programs, rate, seed), policy, hw, config)
         values = [p.jct_s / iso[p.program_id] for p in result.programs]
         total += math.fsum(values) / len(values)
     return total / len(traces)
@@ -74,20 +75,21 @@ def rate_for_slowdown(
     hardware: str,
     target: float = 2.0,
     policy: str = "vllm",
+    config: EngineConfig | None = None,
 ) -> float:
     """The load (programs/s) at which ``policy``'s mean slowdown over the isolated run
     (averaged over the traces) reaches ``target``, by bracketing and bisection (7 halvings:
-    about 1 % of the rate)."""
+    about 1 % of the rate), on an engine set up as ``config``."""
     if not target > 1.0:
         raise ValueError(f"target slowdown must be > 1, got {target}")
     low, high = 0.0, 0.01
-    while _slowdown(traces, high, hardware, policy) < target:
+    while _slowdown(traces, high, hardware, policy, config) < target:
         low, high = high, high * 2.0
         if high > 100:
             raise ValueError(f"{policy} never reaches slowdown {target} below 100 programs/s")
     for _ in range(7):
         middle = (low + high) / 2.0
-        if _slowdown(traces, middle, hardware, policy) < target:
+        if _slowdown(traces, middle, hardware, policy, config) < target:
             low = middle
         else:
             high = middle

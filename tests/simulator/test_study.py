@@ -151,3 +151,21 @@ def test_bench_ablation_command(tmp_path, capsys) -> None:
     assert "| cachettl(drift=0) |" in out.with_suffix(".md").read_text()
     assert main(["bench", "ablation", "--workloads", "nope"]) == 2
     assert "unknown workload 'nope'" in capsys.readouterr().err
+
+
+def test_bench_ablation_with_a_cpu_tier(tmp_path, capsys) -> None:
+    out = tmp_path / "tier"
+    args = ["bench", "ablation", "--workloads", "swe", "--programs", "12", "--seeds", "0"]
+    args += ["--loads", "1", "--policy", "cachettl(cpu_reload=0)", "--out", str(out)]
+    assert main([*args, "--cpu-tier-tokens", "100000"]) == 0
+    text = out.with_suffix(".md").read_text()
+    assert "--cpu-tier-tokens 100000" in text
+    assert "CPU tier of 100,000 tokens" in text
+    assert main([*args, "--cpu-tier-tokens", "-1"]) == 2
+    assert "--cpu-tier-tokens must be >= 0" in capsys.readouterr().err
+
+
+def test_a_cpu_tier_raises_the_load_where_vllm_reaches_slowdown_3() -> None:
+    without = Study(programs=30, seeds=[2])
+    tier = Study(programs=30, seeds=[2], cpu_tier_tokens=2_000_000)
+    assert tier.rate("swe") > without.rate("swe")
