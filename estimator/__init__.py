@@ -5,7 +5,7 @@ the project.
 
 from estimator.cost import CostModel
 from estimator.durations import DurationModel
-from estimator.hierarchy import DurationHierarchy, Level, Lookup
+from estimator.hierarchy import Chain, DurationHierarchy, Level, Lookup
 from estimator.models import Models, WorkloadStats
 from estimator.policies import (
     POLICIES,
@@ -21,13 +21,14 @@ from estimator.policies import (
 )
 from estimator.profiles import PROFILES, HardwareProfile, get_profile
 from estimator.signatures import SignatureRegistry, json_signature, shell_signature
-from estimator.ttl import best_ttl_sorted, exponential_ttl, optimal_ttl
+from estimator.ttl import best_ttl_mixture, best_ttl_sorted, exponential_ttl, optimal_ttl
 from estimator.workload import MemoryFactor, QueueDelay, RemainingTurns
 
 __all__ = [
     "POLICIES",
     "PROFILES",
     "CachettlPolicy",
+    "Chain",
     "ContinuumPolicy",
     "CostModel",
     "Decision",
@@ -46,6 +47,7 @@ __all__ = [
     "SignatureRegistry",
     "TtlPolicy",
     "WorkloadStats",
+    "best_ttl_mixture",
     "best_ttl_sorted",
     "exponential_ttl",
     "get_policy",

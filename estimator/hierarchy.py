@@ -17,7 +17,7 @@ from estimator.base import Estimator
 from estimator.durations import DurationModel
 from estimator.signatures import SignatureRegistry
 
-__all__ = ["DurationHierarchy", "Level", "Lookup"]
+__all__ = ["Chain", "DurationHierarchy", "Level", "Lookup"]
 
 
 class Level(StrEnum):
@@ -36,6 +36,16 @@ class Lookup:
     model: DurationModel | None
     level: Level | None
     total_samples: int  # samples the tenant has over all tools
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """What the back-off saw on its way to a model: the levels it skipped for having too
+    few samples (``thin``, most specific first, each with at least one sample) and the
+    level it chose (``chosen``; its model is None when no level qualified)."""
+
+    thin: tuple[tuple[Level, DurationModel], ...]
+    chosen: Lookup
 
 
 _Key = tuple[str, str, str]  # (level-scope, tool, signature)
@@ -166,6 +176,33 @@ class DurationHierarchy(Estimator):
             if model is not None and model.n_samples > self.min_samples:
                 return Lookup(model, level, self.tenant_samples(tenant))
         return Lookup(None, None, self.tenant_samples(tenant))
+
+    def chain(
+        self,
+        tool: str,
+        args: str | None = None,
+        tenant: str = "default",
+        levels: Sequence[Level] = (Level.INVOCATION, Level.TOOL, Level.TENANT, Level.SHARED),
+    ) -> Chain:
+        """:meth:`lookup`, plus the thinner levels it passed over on the way.
+
+        >>> h = DurationHierarchy(min_samples=2)
+        >>> for d in [1.0, 2.0, 3.0]:
+        ...     h.update("bash", "ls", d)
+        >>> h.update("bash", "pytest -x", 30.0)
+        >>> c = h.chain("bash", "pytest tests")
+        >>> [level.value for level, _ in c.thin], c.chosen.level
+        (['invocation'], <Level.TOOL: 'tool'>)
+        """
+        thin: list[tuple[Level, DurationModel]] = []
+        for level in levels:
+            model = self.model(level, tool, args, tenant)
+            if model is None or model.n_samples == 0:
+                continue
+            if model.n_samples > self.min_samples:
+                return Chain(tuple(thin), Lookup(model, level, self.tenant_samples(tenant)))
+            thin.append((level, model))
+        return Chain(tuple(thin), Lookup(None, None, self.tenant_samples(tenant)))
 
     def tenant_samples(self, tenant: str) -> int:
         """Tool calls learned for ``tenant`` over all tools (forgotten ones included)."""

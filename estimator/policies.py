@@ -21,7 +21,7 @@ from estimator._checks import check_count, check_non_negative
 from estimator.hierarchy import Level
 from estimator.models import Models
 from estimator.profiles import HardwareProfile
-from estimator.ttl import exponential_ttl
+from estimator.ttl import best_ttl_mixture, exponential_ttl
 
 __all__ = [
     "POLICIES",
@@ -179,17 +179,43 @@ def _search(
     benefit: float,
     cap_s: float | None,
     pressure: float = 1.0,
+    prior_samples: float = 0.0,
 ) -> Decision:
-    """Maximise F(τ)·B − λ·τ (λ = ``pressure``, the paper's λ = 1) at the first level
-    with enough samples: the same exact search on the benefit B/λ."""
-    lookup = models.durations.lookup(facts.tool, facts.tool_args, facts.tenant, levels)
-    if lookup.model is None or lookup.level is None:
-        decision = _cold_start(benefit / pressure, cap_s)
+    """Maximise F(τ)·B − λ·τ (λ = ``pressure``, the paper's λ = 1): the same exact search
+    on the benefit B/λ. F is the first level with enough samples (the paper's back-off);
+    with ``prior_samples`` α > 0, the thinner levels skipped on the way are blended in.
+
+    Blending is the posterior predictive of a Dirichlet process: a level with n samples
+    and empirical CDF Fₙ, whose prior is its parent's distribution G with strength α,
+    predicts (n·Fₙ + α·G)/(n + α). Applied from the chosen level (or the exponential
+    cold-start law) up to the most specific level, a call's own few samples move its TTL
+    at once instead of counting for nothing until they number K.
+    """
+    chain = models.durations.chain(facts.tool, facts.tool_args, facts.tenant, levels)
+    chosen = chain.chosen
+    load_benefit = benefit / pressure
+    if prior_samples > 0.0 and chain.thin:
+        parts, rest = [], 1.0
+        for _, model in chain.thin:
+            n = model.n_samples
+            parts.append((rest * n / (n + prior_samples), model.sorted_samples()))
+            rest *= prior_samples / (n + prior_samples)
+        names = [level.value for level, _ in chain.thin]
+        if chosen.model is not None and chosen.level is not None:
+            parts.append((rest, chosen.model.sorted_samples()))
+            names.append(chosen.level.value)
+            rest = 0.0
+        else:
+            names.append(COLD_START)
+        ttl, probability = best_ttl_mixture(parts, load_benefit, cap_s, exp_weight=rest)
+        basis = "+".join(names)
+    elif chosen.model is None or chosen.level is None:
+        decision = _cold_start(load_benefit, cap_s)
         probability = decision.return_probability
         ttl, basis = decision.ttl_s, decision.basis
     else:
-        ttl, probability = lookup.model.best_ttl(benefit / pressure, cap_s)
-        basis = lookup.level.value
+        ttl, probability = chosen.model.best_ttl(load_benefit, cap_s)
+        basis = chosen.level.value
     expected = probability * benefit - pressure * ttl if ttl > 0 else 0.0
     return Decision(ttl, probability, expected, basis, benefit)
 
@@ -219,8 +245,10 @@ class CachettlPolicy(TtlPolicy):
     """Ours (DESIGN.md §4): per-invocation keys with back-off, drift forgetting, shared
     cross-tenant priors for cold start (when the tenant shares), a hard TTL cap, a holding
     cost priced by the load of the moment (``load_aware``; λ = 1 when the caller passes no
-    load signals) and η from the program's own progress (``per_program``). The defaults
-    are those the simulator's ablation kept (simulator/README.md, "cachettl vs the paper").
+    load signals), η from the program's own progress (``per_program``) and, with
+    ``prior_samples`` α > 0, levels with too few samples blended into the back-off (see
+    ``_search``). The defaults are those the simulator's ablation kept
+    (simulator/README.md, "cachettl vs the paper").
 
     >>> models = get_policy("cachettl").new_models(min_samples=2)
     >>> for d in [0.1, 0.1, 0.1]:
@@ -243,8 +271,10 @@ class CachettlPolicy(TtlPolicy):
         load_aware: bool = True,
         load_floor: float = 0.25,
         per_program: bool = True,
+        prior_samples: float = 0.0,
     ) -> None:
         self.ttl_cap_s = check_non_negative("ttl_cap_s", ttl_cap_s)
+        self.prior_samples = check_non_negative("prior_samples", prior_samples)
         self.load_aware = load_aware
         self.load_floor = check_non_negative("load_floor", load_floor)
         if not 0.0 < load_floor <= 1.0:
@@ -281,7 +311,15 @@ class CachettlPolicy(TtlPolicy):
         levels: tuple[Level, ...] = (Level.INVOCATION, Level.TOOL, Level.TENANT)
         if facts.share:
             levels += (Level.SHARED,)
-        return _search(facts, models, levels, benefit, self.ttl_cap_s, self.pressure(facts))
+        return _search(
+            facts,
+            models,
+            levels,
+            benefit,
+            self.ttl_cap_s,
+            self.pressure(facts),
+            self.prior_samples,
+        )
 
 
 @register_policy

@@ -9,14 +9,14 @@ is exact. On a sorted array the search is one vectorised pass.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from estimator._checks import check_finite, check_non_negative
 
-__all__ = ["best_ttl_sorted", "optimal_ttl"]
+__all__ = ["best_ttl_mixture", "best_ttl_sorted", "optimal_ttl"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -83,6 +83,54 @@ def best_ttl_sorted(
     if scores[i] > best_value and sorted_samples[i] > 0.0:
         return float(sorted_samples[i]), float(ranks[i])
     return 0.0, f_zero
+
+
+def best_ttl_mixture(
+    parts: Sequence[tuple[float, FloatArray]],
+    benefit_s: float,
+    cap_s: float | None = None,
+    exp_weight: float = 0.0,
+    exp_mean_s: float = 1.0,
+) -> tuple[float, float]:
+    """``(τ*, F(τ*))`` for a mixture CDF F = Σ wᵢ·Fᵢ + w_e·(1 − e^(−τ/μ)): each Fᵢ the
+    empirical CDF of a sorted, non-empty sample array, plus an optional exponential part.
+    No input checks (hot path); the weights should sum to 1.
+
+    Exact: between two sample points every Fᵢ is flat, so F·B − τ is concave there (the
+    exponential part) or falling (none), and its maximum lies at a sample, at the one
+    stationary point τₑ = μ·ln(w_e·B/μ) of the exponential part, at the cap, or at 0.
+
+    >>> a, b = np.array([0.1, 0.2]), np.array([5.0, 6.0, 7.0])
+    >>> best_ttl_mixture([(1.0, a)], benefit_s=3.0) == best_ttl_sorted(a, 3.0)
+    True
+    >>> best_ttl_mixture([(0.5, a), (0.5, b)], benefit_s=3.0)
+    (0.2, 0.5)
+    >>> best_ttl_mixture([(0.5, a), (0.5, b)], benefit_s=30.0)
+    (7.0, 1.0)
+    >>> tau, f = best_ttl_mixture([(0.5, b)], benefit_s=8.0, exp_weight=0.5)
+    >>> round(tau, 4), round(f, 4)   # ln(0.5 · 8): the exponential part alone pays
+    (1.3863, 0.375)
+    """
+    candidates = [array for _, array in parts]
+    extra = []
+    if exp_weight > 0.0 and exp_weight * benefit_s > exp_mean_s:
+        extra.append(exp_mean_s * math.log(exp_weight * benefit_s / exp_mean_s))
+        if cap_s is not None:
+            extra.append(cap_s)
+    if extra:
+        candidates.append(np.asarray(extra, dtype=np.float64))
+    points = np.sort(np.concatenate(candidates)) if candidates else np.empty(0)
+    if cap_s is not None:
+        points = points[: int(np.searchsorted(points, cap_s, side="right"))]
+    points = np.concatenate(([0.0], points[points > 0.0]))
+    cdf = np.zeros(points.shape[0], dtype=np.float64)
+    for weight, array in parts:
+        cdf += weight * np.searchsorted(array, points, side="right") / array.shape[0]
+    if exp_weight > 0.0:
+        cdf += exp_weight * -np.expm1(-points / exp_mean_s)
+    scores = cdf * benefit_s - points
+    i = int(np.argmax(scores))  # the first maximum: ties go to the smaller τ
+    return float(points[i]), float(cdf[i])
 
 
 def exponential_ttl(benefit_s: float, mean_s: float = 1.0) -> float:

@@ -8,6 +8,7 @@ top of the paper's behaviour (``BASE``) or all together. With every switch off
 parameter           on                                                           off
 ==================  ===========================================================  =========
 keys                ``invocation``: (tool, argument signature) with back-off     ``tool``
+prior_samples       α > 0: levels with < K samples blended into the back-off     0
 load_aware          holding priced by λ from waiting KV demand and free KV       λ = 1
 drift               ADWIN drift forgetting of duration models                    keep all
 share               shared cross-tenant priors for cold start                    none
@@ -54,6 +55,13 @@ def _keys(value: str) -> str:
     return value
 
 
+def _prior(value: str) -> float:
+    number = float(value)
+    if not 0.0 <= number < float("inf"):
+        raise ValueError("must be a finite number >= 0")
+    return number
+
+
 def _floor(value: str) -> float:
     number = float(value)
     if not 0.0 < number <= 1.0:
@@ -64,6 +72,7 @@ def _floor(value: str) -> float:
 #: Every improvement off: the paper's policy (``continuum``) expressed as ``cachettl``.
 BASE: dict[str, Any] = {
     "keys": "tool",
+    "prior_samples": 0.0,
     "load_aware": False,
     "drift": False,
     "share": False,
@@ -79,6 +88,7 @@ BASE: dict[str, Any] = {
 #: Each improvement's "on" setting (what the ablation turns on alone).
 IMPROVEMENTS: dict[str, dict[str, Any]] = {
     "invocation keys": {"keys": "invocation"},
+    "blended back-off": {"keys": "invocation", "prior_samples": 20.0},
     "load-aware cost": {"load_aware": True},
     "drift forgetting": {"drift": True},
     "shared priors": {"share": True},
@@ -93,6 +103,7 @@ IMPROVEMENTS: dict[str, dict[str, Any]] = {
 #: The defaults of ``cachettl`` (chosen by the ablation; see simulator/README.md).
 DEFAULTS: dict[str, Any] = {
     "keys": "invocation",
+    "prior_samples": 0.0,
     "load_aware": True,
     "load_floor": 0.25,
     "drift": True,
@@ -109,6 +120,9 @@ DEFAULTS: dict[str, Any] = {
 
 _OWN = {
     "keys": Param(_keys, DEFAULTS["keys"], "invocation: (tool, signature) keys; tool: tool only"),
+    "prior_samples": Param(
+        _prior, DEFAULTS["prior_samples"], "blend thin levels into the back-off (0: off)"
+    ),
     "load_aware": Param(_flag, DEFAULTS["load_aware"], "price holding by the load now"),
     "load_floor": Param(_floor, DEFAULTS["load_floor"], "lowest λ of the load-aware cost"),
     "drift": Param(_flag, DEFAULTS["drift"], "forget a tool's old regime on drift"),
@@ -134,6 +148,7 @@ class Cachettl(_Pinning):
         **_OWN,
     }
     keys: str
+    prior_samples: float
     load_aware: bool
     load_floor: float
     drift: bool
@@ -148,6 +163,7 @@ class Cachettl(_Pinning):
             load_aware=self.load_aware,
             load_floor=self.load_floor,
             per_program=self.per_program,
+            prior_samples=self.prior_samples,
         )
 
     @property

@@ -261,3 +261,53 @@ def test_signature_cache_is_bounded_and_follows_registration() -> None:
     assert len(registry._cache) == CACHE_SIZE
     registry.register("bash", lambda tool, args: "custom")
     assert registry.signature("bash", "cmd1 --flag") == "custom"
+
+
+def _bash_models(fast_samples: int) -> Models:
+    models = get_policy("cachettl").new_models(min_samples=100)
+    rng = np.random.default_rng(7)
+    slow = [("pytest -x", float(d)) for d in rng.uniform(20.0, 40.0, 150)]
+    calls = slow + [("cat setup.py", 0.05)] * fast_samples
+    for i in rng.permutation(len(calls)):  # one stationary mix: no drift to forget
+        models.record_tool_call("bash", *calls[i])
+    assert models.durations.model(Level.TOOL, "bash").n_samples == len(calls)
+    return models
+
+
+def test_blended_back_off_lets_a_few_own_samples_count() -> None:
+    models = _bash_models(10)  # 10 fast calls: too few for the invocation level alone
+    facts = RequestFacts("bash", "cat README.md", reload_cost_s=0.5, queue_delay_s=0.0)
+    paper = get_policy("cachettl").decide(facts, models)
+    assert (paper.ttl_s, paper.basis) == (0.0, "tool")  # bash is slow: no pin
+    blended = get_policy("cachettl", prior_samples=20.0).decide(facts, models)
+    assert blended.ttl_s == 0.05
+    # n/(n + α) of its own samples plus α/(n + α) of the tool's F(0.05 s) = 10/160
+    assert blended.return_probability == pytest.approx(10 / 30 + 20 / 30 * 10 / 160)
+    assert blended.basis == "invocation+tool"
+    weak = get_policy("cachettl", prior_samples=1000.0).decide(facts, models)
+    assert weak.ttl_s == 0.0  # a strong prior: ten samples do not outweigh the tool
+
+
+def test_blending_changes_nothing_once_a_level_has_enough_samples() -> None:
+    models = _bash_models(101)
+    facts = RequestFacts("bash", "cat README.md", reload_cost_s=0.5, queue_delay_s=0.0)
+    paper = get_policy("cachettl").decide(facts, models)
+    blended = get_policy("cachettl", prior_samples=20.0).decide(facts, models)
+    assert paper == blended
+    assert paper.basis == "invocation"
+
+
+def test_blending_with_the_cold_start_law() -> None:
+    models = get_policy("cachettl").new_models(min_samples=100)
+    for _ in range(5):
+        models.record_tool_call("bash", "make", 3.0)
+    facts = RequestFacts("bash", "make all", reload_cost_s=10.0, queue_delay_s=0.0)
+    cold = get_policy("cachettl").decide(facts, models)
+    assert cold.basis == "cold-start"
+    assert cold.ttl_s == pytest.approx(math.log(10.0))  # Exp(1 s): 2.30 s, misses 3 s
+    blended = get_policy("cachettl", prior_samples=5.0).decide(facts, models)
+    assert blended.basis == "invocation+tool+all-tools+cold-start"
+    assert blended.ttl_s == 3.0
+    assert blended.return_probability == pytest.approx(1 - (5 / 10) ** 3 * math.exp(-3.0))
+    with pytest.raises(ValueError, match="prior_samples must be >= 0"):
+        get_policy("cachettl", prior_samples=-1.0)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from estimator import DurationModel, exponential_ttl, optimal_ttl
+from estimator.ttl import best_ttl_mixture, best_ttl_sorted
 
 
 def brute_force(samples: list[float], benefit: float, cap: float | None) -> float:
@@ -97,3 +98,51 @@ def test_exponential_rule_maximises_the_exponential_objective(benefit: float) ->
     values = (1 - np.exp(-grid)) * benefit - grid
     assert tau == pytest.approx(grid[int(np.argmax(values))], abs=1e-3)
     assert exponential_ttl(0.99) == 0.0
+
+
+def mixture_brute_force(
+    parts: list[tuple[float, list[float]]], exp_weight: float, benefit: float, cap: float | None
+) -> float:
+    """The best objective value over 0, every sample, and a dense grid (no cleverness)."""
+
+    def value(tau: float) -> float:
+        f = sum(w * sum(1 for s in xs if s <= tau) / len(xs) for w, xs in parts)
+        return (f + exp_weight * (1.0 - math.exp(-tau))) * benefit - tau
+
+    top = max([0.0, *(s for _, xs in parts for s in xs), 60.0])
+    grid = [top * i / 4000 for i in range(4001)] + [s for _, xs in parts for s in xs]
+    return max(value(t) for t in grid if cap is None or t <= cap)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(
+        st.lists(st.one_of(coarse, durations.map(lambda d: d / 100)), min_size=1, max_size=15),
+        min_size=1,
+        max_size=3,
+    ),
+    exp_share=st.sampled_from([0.0, 0.0, 0.3, 0.7]),
+    benefit=st.one_of(st.floats(min_value=0, max_value=200), st.integers(0, 20).map(float)),
+    cap=st.one_of(st.none(), coarse),
+)
+def test_mixture_search_is_exact(
+    parts: list[list[float]], exp_share: float, benefit: float, cap: float | None
+) -> None:
+    weight = (1.0 - exp_share) / len(parts)
+    weighted = [(weight, sorted(xs)) for xs in parts]
+    arrays = [(w, np.array(xs)) for w, xs in weighted]
+    tau, f = best_ttl_mixture(arrays, benefit, cap, exp_weight=exp_share)
+    assert cap is None or tau <= cap
+    expected_f = sum(w * sum(1 for s in xs if s <= tau) / len(xs) for w, xs in weighted)
+    expected_f += exp_share * (1.0 - math.exp(-tau))
+    assert f == pytest.approx(expected_f, abs=1e-12)
+    best = mixture_brute_force(weighted, exp_share, benefit, cap)
+    assert f * benefit - tau >= best - 1e-9 * max(1.0, benefit)
+
+
+def test_one_part_mixture_is_the_plain_search() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        xs = np.sort(rng.lognormal(0, 1.5, rng.integers(1, 200)))
+        benefit = float(rng.uniform(0, 20))
+        assert best_ttl_mixture([(1.0, xs)], benefit, 3.0) == best_ttl_sorted(xs, benefit, 3.0)
