@@ -111,26 +111,48 @@ def best_ttl_mixture(
     >>> round(tau, 4), round(f, 4)   # ln(0.5 · 8): the exponential part alone pays
     (1.3863, 0.375)
     """
-    candidates = [array for _, array in parts]
-    extra = []
+    if not parts and exp_weight <= 0.0:
+        return 0.0, 0.0
+    # The largest array is scored at its own points through its ranks (no sort, no merge:
+    # it may hold thousands of samples); every other candidate is few and searched for.
+    big = max(range(len(parts)), key=lambda i: parts[i][1].shape[0]) if parts else -1
+    others = [part for i, part in enumerate(parts) if i != big]
+    extra = [0.0]
     if exp_weight > 0.0 and exp_weight * benefit_s > exp_mean_s:
         extra.append(exp_mean_s * math.log(exp_weight * benefit_s / exp_mean_s))
         if cap_s is not None:
             extra.append(cap_s)
-    if extra:
-        candidates.append(np.asarray(extra, dtype=np.float64))
-    points = np.sort(np.concatenate(candidates)) if candidates else np.empty(0)
+    few = np.sort(np.concatenate([np.asarray(extra), *(array for _, array in others)]))
+    few = few[(few > 0.0) | (np.arange(few.shape[0]) == 0)]  # one 0, then positive points
     if cap_s is not None:
-        points = points[: int(np.searchsorted(points, cap_s, side="right"))]
-    points = np.concatenate(([0.0], points[points > 0.0]))
-    cdf = np.zeros(points.shape[0], dtype=np.float64)
-    for weight, array in parts:
-        cdf += weight * np.searchsorted(array, points, side="right") / array.shape[0]
-    if exp_weight > 0.0:
-        cdf += exp_weight * -np.expm1(-points / exp_mean_s)
-    scores = cdf * benefit_s - points
+        few = few[: int(np.searchsorted(few, cap_s, side="right"))]
+
+    def cdf(points: FloatArray, rest: Sequence[tuple[float, FloatArray]]) -> FloatArray:
+        total = np.zeros(points.shape[0], dtype=np.float64)
+        for weight, array in rest:
+            total += weight * np.searchsorted(array, points, side="right") / array.shape[0]
+        if exp_weight > 0.0:
+            total -= exp_weight * np.expm1(-points / exp_mean_s)
+        return total
+
+    f_few = cdf(few, parts)
+    scores = f_few * benefit_s - few
     i = int(np.argmax(scores))  # the first maximum: ties go to the smaller τ
-    return float(points[i]), float(cdf[i])
+    best = (float(scores[i]), float(few[i]), float(f_few[i]))
+    if big >= 0:
+        weight, array = parts[big]
+        n = array.shape[0]
+        limit = n if cap_s is None else int(np.searchsorted(array, cap_s, side="right"))
+        points = array[:limit]
+        # F at a value is the rank of its last copy; earlier copies score lower.
+        f_big = cdf(points, others) + weight * np.arange(1, limit + 1) / n
+        big_scores = f_big * benefit_s - points
+        if limit:
+            j = int(np.argmax(big_scores))
+            score, tau = float(big_scores[j]), float(points[j])
+            if score > best[0] or (score == best[0] and tau < best[1]):
+                best = (score, tau, float(f_big[j]))
+    return best[1], best[2]
 
 
 def exponential_ttl(benefit_s: float, mean_s: float = 1.0) -> float:
