@@ -53,8 +53,9 @@ def test_block_pool_lru_evicts_oldest_program_tail_first():
     pool.release("new", held=8, cached=8)
     assert pool.allocate(4 + 3)  # 4 empty, then 3 from the oldest program's tail
     assert (pool.cached_prefix("old"), pool.cached_prefix("new")) == (5, 8)
-    assert pool.take_prefix("new", 6) == 6  # the 2 extra blocks lose their content
+    assert pool.take_prefix("new", 6) == 6  # the 2 blocks beyond the hit stay in the queue
     assert pool.free == 20 - 7 - 6
+    assert pool.cached_prefix("new") == 0
     assert pool.used == 13
     assert not pool.allocate(100)
     with pytest.raises(ValueError, match="at least one block"):
