@@ -7,7 +7,8 @@ that depends on time takes ``now``; nothing reads a clock.
 A pin ends for one of the reasons in :class:`ReleaseReason`:
 
 - ``HIT``: the program's next request was admitted (its prefix hit takes over the blocks);
-- ``TTL``: it expired with no follow-up request of its program waiting;
+- ``TTL``: it expired (strictly after ``pinned_at + ttl``, as in the paper's Algorithm 1)
+  with no follow-up request of its program waiting;
 - ``PROGRAM_END``: the program's last turn arrived or the client ended it;
 - ``PRESSURE``: the engine needed the memory (:mod:`enginehook.pressure` picks victims);
 - ``BUDGET``: a new pin needed room under the global pinned-block budget;
@@ -17,7 +18,7 @@ A pin ends for one of the reasons in :class:`ReleaseReason`:
 >>> table = PinTable(budget_blocks=10, ttl_cap_s=60.0)
 >>> table.pin("p1", blocks=4, now=0.0, ttl_s=2.0).pinned
 True
->>> [(p.program_id, r.value) for p, r in table.expire(1.0, waiting_programs=set())]
+>>> [(p.program_id, r.value) for p, r in table.expire(2.0, waiting_programs=set())]
 []
 >>> [(p.program_id, r.value) for p, r in table.expire(2.5, waiting_programs=set())]
 [('p1', 'ttl')]
@@ -148,11 +149,12 @@ class PinTable(Generic[H]):
         return self._pins.get(program_id)
 
     def due(self, now: float) -> bool:
-        """Whether :meth:`expire` has anything to look at (O(1) amortised)."""
+        """Whether :meth:`expire` has anything to look at (O(1) amortised): an overdue
+        pin, or a pin whose expiry lies strictly before ``now``."""
         if self._overdue:
             return True
         expiry = self.next_expiry()
-        return expiry is not None and expiry <= now
+        return expiry is not None and expiry < now
 
     def next_expiry(self) -> float | None:
         """Earliest expiry among live pins (``None`` when none)."""
@@ -252,13 +254,15 @@ class PinTable(Generic[H]):
     ) -> list[tuple[Pin[H], ReleaseReason]]:
         """Release every pin past its expiry whose program has no request waiting.
 
-        An overdue pin whose program's next request is already waiting is kept (its
+        Expiry is strict: a pin is held through ``now == expires_at`` and released at the
+        first call with ``now > expires_at`` (the paper's Algorithm 1 releases after the
+        TTL, not at it). An overdue pin whose program's next request is already waiting is kept (its
         admission will hand the blocks over) and re-checked on later calls. Cost: O(k log n)
         for k expiries plus the overdue pins, never a scan of all pins.
         """
         released: list[tuple[Pin[H], ReleaseReason]] = []
         heap = self._heap
-        while heap and heap[0][0] <= now:
+        while heap and heap[0][0] < now:
             _, generation, program_id = heapq.heappop(heap)
             pin = self._pins.get(program_id)
             if pin is not None and pin.generation == generation:

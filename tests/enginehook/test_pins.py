@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -22,12 +23,37 @@ def test_expiry_releases_on_time_and_not_before():
     table.pin("a", 5, now=0.0, ttl_s=2.0)
     table.pin("b", 5, now=0.0, ttl_s=1.0)
     assert table.expire(0.999, set()) == []
-    assert [(p.program_id, r) for p, r in table.expire(1.0, set())] == [("b", ReleaseReason.TTL)]
+    assert table.expire(1.0, set()) == []  # at its expiry: still held
+    assert [(p.program_id, r) for p, r in table.expire(1.001, set())] == [("b", ReleaseReason.TTL)]
     assert table.next_expiry() == 2.0
-    table.expire(2.0, set())
+    table.expire(2.001, set())
     assert log == [("b", "ttl"), ("a", "ttl")]
     assert table.pinned_blocks == 0
     assert len(table) == 0
+
+
+def test_expiry_is_strict_a_pin_at_exactly_its_expiry_is_held():
+    """The paper's Algorithm 1 releases strictly after the TTL: ``now > expiry``."""
+    table, log = _table()
+    table.pin("a", 3, now=10.0, ttl_s=2.5)
+    table.pin("b", 2, now=10.0, ttl_s=2.5)
+    expiry = 12.5
+    assert table.next_expiry() == expiry
+    assert not table.due(expiry)
+    assert table.expire(expiry, set()) == []
+    assert "a" in table
+    assert "b" in table
+    assert table.pinned_blocks == 5
+    just_after = math.nextafter(expiry, math.inf)
+    assert table.due(just_after)
+    released = table.expire(just_after, set())
+    assert sorted((p.program_id, r) for p, r in released) == [
+        ("a", ReleaseReason.TTL),
+        ("b", ReleaseReason.TTL),
+    ]
+    assert log == [("a", "ttl"), ("b", "ttl")]
+    assert table.pinned_blocks == 0
+    assert table.next_expiry() is None
 
 
 def test_overdue_pin_kept_while_its_program_waits_then_handed_over():
@@ -58,7 +84,7 @@ def test_repin_replaces_and_old_heap_entry_is_ignored():
     assert [r for _, r in result.released] == [ReleaseReason.REPLACED]
     assert table.pinned_blocks == 6
     assert table.expire(2.0, set()) == []  # the old entry (expiry 1.0) is stale
-    assert [p.program_id for p, _ in table.expire(10.5, set())] == ["a"]
+    assert [p.program_id for p, _ in table.expire(10.51, set())] == ["a"]
     assert log == [("a", "replaced"), ("a", "ttl")]
 
 
@@ -173,8 +199,9 @@ def test_random_operations_keep_block_count_and_heap_consistent():
         else:
             waiting = {f"p{rng.randrange(40)}" for _ in range(3)}
             for pin, _ in table.expire(now, waiting):
-                assert pin.expires_at <= now
+                assert pin.expires_at < now
                 assert pin.program_id not in waiting
+            assert all(p.expires_at >= now or p.program_id in waiting for p in table)
         assert table.pinned_blocks == sum(p.blocks for p in table) <= 50
         assert all(p.ttl_s <= 5.0 for p in table)
     assert len(table._heap) <= 4 * len(table) + 65
@@ -185,8 +212,9 @@ def test_due_is_cheap_and_exact():
     assert not table.due(0.0)
     table.pin("a", 1, now=0.0, ttl_s=2.0)
     assert not table.due(1.9)
-    assert table.due(2.0)
-    table.expire(2.0, {"a"})
-    assert table.due(2.0)  # overdue, kept for its waiting request
+    assert not table.due(2.0)  # expiry is strict: nothing to do at the expiry itself
+    assert table.due(2.01)
+    table.expire(2.01, {"a"})
+    assert table.due(2.01)  # overdue, kept for its waiting request
     table.admitted("a")
     assert not table.due(3.0)
