@@ -1,6 +1,7 @@
 """The hook's counters: pins held, pinned blocks, hits on pinned prefixes, expiries,
-pressure releases and decisions by basis. Rendered as Prometheus text by
-:meth:`HookMetrics.prometheus` (served on the hook's own endpoint when configured).
+pressure releases, decisions by basis, and whether misses are priced as CPU reloads.
+Rendered as Prometheus text by :meth:`HookMetrics.prometheus` (served on the hook's own
+endpoint when configured).
 
 >>> m = HookMetrics()
 >>> m.decision("cold-start"); m.released("ttl"); m.set_gauges(pins=2, blocks=7)
@@ -8,6 +9,9 @@ pressure releases and decisions by basis. Rendered as Prometheus text by
 (1, 7)
 >>> print(m.prometheus().splitlines()[0])
 # TYPE cachettl_pins_held gauge
+>>> m.set_cpu_tier(True, "OffloadingConnector")
+>>> print(m.prometheus().splitlines()[-1])
+cachettl_cpu_tier{connector="OffloadingConnector"} 1
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ class HookMetrics:
         self.schedule_calls = 0
         self.hook_seconds = 0.0
         self.vllm_schedule_seconds = 0.0
+        self.cpu_tier = False
+        self.cpu_tier_connectors = ""
+
+    def set_cpu_tier(self, on: bool, connectors: str = "") -> None:
+        """Whether TTL decisions price a miss as a reload from a CPU tier, and the KV
+        connector(s) that keep it (comma-separated; empty when none was detected)."""
+        with self._lock:
+            self.cpu_tier, self.cpu_tier_connectors = on, connectors
 
     def set_gauges(self, *, pins: int, blocks: int) -> None:
         """Current pins held and blocks they hold."""
@@ -91,6 +103,8 @@ class HookMetrics:
                 "events_emitted": self.events_emitted,
                 "schedule_calls": self.schedule_calls,
                 "vllm_schedule_s": self.vllm_schedule_seconds,
+                "cpu_tier": self.cpu_tier,
+                "cpu_tier_connectors": self.cpu_tier_connectors,
                 "hook_us_per_schedule": (
                     1e6 * self.hook_seconds / self.schedule_calls if self.schedule_calls else 0.0
                 ),
@@ -118,6 +132,10 @@ class HookMetrics:
         lines += [
             f'cachettl_ttl_decisions_total{{basis="{b}"}} {n}'
             for b, n in sorted(s["decisions"].items())
+        ]
+        lines += [
+            "# TYPE cachettl_cpu_tier gauge",
+            f'cachettl_cpu_tier{{connector="{s["cpu_tier_connectors"]}"}} {int(s["cpu_tier"])}',
         ]
         return "\n".join(lines) + "\n"
 

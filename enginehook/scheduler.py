@@ -31,7 +31,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from enginehook.compat import check_kv_layout, check_vllm
-from enginehook.config import HookConfig
+from enginehook.config import HookConfig, detect_cpu_tier
 from enginehook.decide import TtlDecider
 from enginehook.detect import detect_tool_call
 from enginehook.hints import Hints
@@ -153,6 +153,11 @@ class CacheTTLMixin:
         )
         self.arrivals = ProgramArrivals()
         self.metrics = HookMetrics()
+        self.cpu_tier = detect_cpu_tier(self.cachettl.cpu_tier, self.vllm_config)
+        self.metrics.set_cpu_tier(self.cpu_tier.on, ",".join(self.cpu_tier.connectors))
+        logger.info(
+            "CacheTTL CPU tier %s: %s", "on" if self.cpu_tier.on else "off", self.cpu_tier.reason
+        )
         self._rule = self.cachettl.pressure_rule
         self._tokenizer = self._load_tokenizer()
         self._next_housekeeping = 0.0
@@ -293,6 +298,10 @@ class CacheTTLMixin:
             override_ttl_s=hints.pin_ttl_s,
             waiting_tokens=waiting_tokens,
             free_tokens=free_tokens,
+            offload=self.cpu_tier.on,
+            offloaded_tokens=self.cpu_tier.offloaded_tokens(
+                request.num_prompt_tokens, request.num_tokens, self.block_size
+            ),
         )
         self.metrics.decision(decision.basis)
         if decision.ttl_s <= 0:

@@ -94,7 +94,10 @@ def test_pin_expires_on_time(driver, clock):
     clock.advance(4.9)
     driver.run("tick-1", driver.words(20), 1)
     assert "B" in driver.scheduler.pins
-    clock.advance(0.2)
+    clock.now = pin.expires_at  # exactly at its expiry: still held (strict expiry)
+    driver.run("tick-at", driver.words(20), 1)
+    assert "B" in driver.scheduler.pins
+    clock.advance(0.1)
     driver.run("tick-2", driver.words(20), 1)
     assert "B" not in driver.scheduler.pins
     assert driver.scheduler.metrics.snapshot()["expiries"] >= 1
@@ -163,3 +166,32 @@ def test_waiting_order_follows_the_priority_key(driver, clock):
     finally:
         sched.max_num_running_reqs, sched.max_num_active_reqs = saved
     assert driver.finished_order == ["Y-2", "Old-2", "X", "W"]
+
+
+def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
+    """The same turn after the same tool is pinned when a miss means a full prefill and
+    not pinned when a CPU tier would reload it (no KV connector runs on the CPU build, so
+    the setting is switched to ``on`` on the running scheduler)."""
+    from enginehook.config import detect_cpu_tier
+    from enginehook.decide import TtlDecider
+
+    sched = driver.scheduler
+    assert not sched.cpu_tier.on  # auto, and this engine has no KV connector
+    assert "no KV connector" in sched.cpu_tier.reason
+    assert sched.metrics.snapshot()["cpu_tier"] is False
+    decider = TtlDecider("cachettl", {"ttl_cap_s": 60.0}, min_samples=5)
+    for k in range(20):  # this tool returns after 5-14.5 ms
+        decider.models.record_tool_call("bash", "ls -la", 0.005 + 0.0005 * k)
+    saved = sched.decider, sched.cpu_tier
+    sched.decider = decider
+    xargs = {"tool": "bash", "tool_args": "ls -la"}
+    try:
+        driver.run("T-1", driver.words(600), 32, session="T", xargs=xargs)
+        pin = sched.pins.get("T")
+        assert pin is not None
+        assert pin.ttl_s > 0
+        sched.cpu_tier = detect_cpu_tier("on", sched.vllm_config)
+        driver.run("U-1", driver.words(600), 32, session="U", xargs=xargs)
+        assert "U" not in sched.pins  # a miss costs a reload: not worth the memory
+    finally:
+        sched.decider, sched.cpu_tier = saved
