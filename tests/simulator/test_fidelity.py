@@ -159,6 +159,7 @@ def test_predict_runs_both_schedulers_on_the_bench_trace():
     for name in ("stock", "cachettl"):
         assert figures[name]["mean_jct_s"] > 0
         assert 0.0 <= figures[name]["prefix_hit_share"] < 1.0
+        assert 0.0 <= figures[name]["first_admission_hit_share"] < 1.0
     assert figures["mean_jct_ratio"] == pytest.approx(
         figures["cachettl"]["mean_jct_s"] / figures["stock"]["mean_jct_s"]
     )
@@ -177,3 +178,21 @@ def test_read_calibration_uses_the_replay_after_the_warm_up_mark(tmp_path: Path)
     assert calibration.limits == limits
     with pytest.raises(ValueError, match="cannot read step log"):
         read_calibration(tmp_path / "missing.jsonl", [])
+
+
+def test_first_admission_hit_share_leaves_out_hits_after_preemption():
+    """vLLM records a request's cached tokens when it is first scheduled; a request back
+    from preemption hits its own blocks again, which only the every-admission share counts.
+    Two single-turn programs with long outputs on a pool of 99 usable blocks: both are
+    admitted, their decodes outgrow the pool, the later one is preempted."""
+    from simulator.trace import Program, Turn
+
+    programs = [
+        Program("a", 0.0, (Turn(600, 1200),)),
+        Program("b", 0.01, (Turn(600, 1200),)),
+    ]
+    config = engine_config({"num_gpu_blocks": 100}, 32, 100, 8)
+    figures = predict(programs, FittedStepTimer(TRUE), config, repeats=1)
+    stock = figures["stock"]
+    assert stock["first_admission_hit_share"] == 0.0  # single turns: nothing to hit first
+    assert stock["prefix_hit_share"] > 0.2  # the preempted request's recompute hits
