@@ -5,7 +5,7 @@ top of the paper's behaviour (``BASE``) or all together. With every switch off
 (``cachettl(**BASE)``) the policy decides exactly as ``continuum`` does (a test checks it).
 
 ==================  ===========================================================  =========
-parameter           on                                                           off
+parameter           on                                                           paper
 ==================  ===========================================================  =========
 keys                ``invocation``: (tool, argument signature) with back-off     ``tool``
 prior_samples       α > 0: levels with < K samples blended into the back-off     0
@@ -13,22 +13,36 @@ load_aware          holding priced by λ from waiting KV demand and free KV     
 drift               ADWIN drift forgetting of duration models                    keep all
 share               shared cross-tenant priors for cold start                    none
 per_program         η from the program's own progress (turns served)             global η
-cpu_reload          a miss costs a CPU reload where a tier exists                prefill
+cpu_reload          a miss costs a CPU reload where a tier exists                on
 ttl_cap_s           hard TTL cap                                                 inf
 budget_share        share of the pool pins may hold                              1
 victim              ``lowest-loss`` (waiting programs last)                      latest
 pressure            ``running``: release pins only for running work              always
 order_window_s      bound on a returning turn's program-order head start         0
+tier_pressure       ``pressure`` where a CPU tier exists (a miss is a reload)    always
+tier_window_s       ``order_window_s`` where a CPU tier exists                   0
 ==================  ===========================================================  =========
+
+With a CPU tier a lost pin costs a reload, not a prefill, and keeping returning programs
+first mostly moves the queue onto new arrivals; the tier settings replace ``pressure`` and
+``order_window_s`` there (simulator/README.md, "With a CPU tier").
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Container
 from typing import Any, ClassVar
 
 from enginehook.pressure import PressureRule
-from estimator import Decision, RequestFacts, SignatureRegistry, TtlPolicy, get_policy
+from estimator import (
+    Decision,
+    HardwareProfile,
+    RequestFacts,
+    SignatureRegistry,
+    TtlPolicy,
+    get_policy,
+)
 from simulator.policies import (
     Param,
     _Pinning,
@@ -55,7 +69,7 @@ def _keys(value: str) -> str:
     return value
 
 
-def _prior(value: str) -> float:
+def _finite_non_negative(value: str) -> float:
     number = float(value)
     if not 0.0 <= number < float("inf"):
         raise ValueError("must be a finite number >= 0")
@@ -77,12 +91,14 @@ BASE: dict[str, Any] = {
     "drift": False,
     "share": False,
     "per_program": False,
-    "cpu_reload": False,
+    "cpu_reload": True,  # the paper's PrefillReload(r): a reload where a tier holds the KV
     "ttl_cap_s": float("inf"),
     "budget_share": 1.0,
     "victim": "latest-arrival",
     "pressure": PressureRule.ALWAYS,
     "order_window_s": 0.0,
+    "tier_pressure": PressureRule.ALWAYS,
+    "tier_window_s": 0.0,
 }
 
 #: Each improvement's "on" setting (what the ablation turns on alone).
@@ -115,13 +131,17 @@ DEFAULTS: dict[str, Any] = {
     "victim": "lowest-loss",
     "pressure": PressureRule.RUNNING,
     "order_window_s": 0.0,
+    "tier_pressure": PressureRule.ALWAYS,
+    "tier_window_s": 2.0,
     "min_samples": 100,
 }
 
 _OWN = {
     "keys": Param(_keys, DEFAULTS["keys"], "invocation: (tool, signature) keys; tool: tool only"),
     "prior_samples": Param(
-        _prior, DEFAULTS["prior_samples"], "blend thin levels into the back-off (0: off)"
+        _finite_non_negative,
+        DEFAULTS["prior_samples"],
+        "blend thin levels into the back-off (0: off)",
     ),
     "load_aware": Param(_flag, DEFAULTS["load_aware"], "price holding by the load now"),
     "load_floor": Param(_floor, DEFAULTS["load_floor"], "lowest λ of the load-aware cost"),
@@ -129,6 +149,14 @@ _OWN = {
     "share": Param(_flag, DEFAULTS["share"], "learn and use cross-tenant priors"),
     "per_program": Param(_flag, DEFAULTS["per_program"], "η from the program's progress"),
     "cpu_reload": Param(_flag, DEFAULTS["cpu_reload"], "price a miss as a CPU reload (tier only)"),
+    "tier_pressure": Param(
+        PressureRule.parse, DEFAULTS["tier_pressure"], "pressure rule with a CPU tier"
+    ),
+    "tier_window_s": Param(
+        _finite_non_negative,
+        DEFAULTS["tier_window_s"],
+        "order_window_s with a CPU tier (0: no bound)",
+    ),
 }
 
 
@@ -155,6 +183,22 @@ class Cachettl(_Pinning):
     share: bool
     per_program: bool
     cpu_reload: bool
+    tier_pressure: PressureRule
+    tier_window_s: float
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._without_tier = (self.pressure, self.order_window_s)
+
+    def bind(
+        self,
+        profile: HardwareProfile | str,
+        offload: bool,
+        pinned: Callable[[], Container[str]],
+    ) -> None:
+        super().bind(profile, offload, pinned)
+        with_tier = (self.tier_pressure, self.tier_window_s)
+        self.pressure, self.order_window_s = with_tier if offload else self._without_tier
 
     def ttl_policy(self) -> TtlPolicy:
         return get_policy(

@@ -8,6 +8,8 @@ import math
 import pytest
 
 from controlplane.cli import main
+from enginehook.pressure import PressureRule
+from simulator.engine import EngineConfig
 from simulator.ours import BASE, IMPROVEMENTS
 from simulator.policies import get_scheduling_policy
 from simulator.sim import Simulation, simulate
@@ -169,3 +171,23 @@ def test_a_cpu_tier_raises_the_load_where_vllm_reaches_slowdown_3() -> None:
     without = Study(programs=30, seeds=[2])
     tier = Study(programs=30, seeds=[2], cpu_tier_tokens=2_000_000)
     assert tier.rate("swe") > without.rate("swe")
+
+
+def test_everything_off_decides_as_continuum_with_a_cpu_tier_too() -> None:
+    trace = _trace()
+    config = EngineConfig(cpu_tier_tokens=400_000)
+    paper = simulate(trace, "continuum", config=config)
+    base = simulate(trace, cachettl_spec(BASE), config=config)
+    assert [p.finish_s for p in base.programs] == [p.finish_s for p in paper.programs]
+    assert base.hit_tokens == paper.hit_tokens
+
+
+def test_tier_settings_replace_pressure_and_order_window_only_with_a_tier() -> None:
+    policy = get_scheduling_policy("cachettl(tier_window_s=3)")
+    assert (policy.pressure, policy.order_window_s) == (PressureRule.RUNNING, 0.0)
+    Simulation(_trace(10), policy, config=EngineConfig(cpu_tier_tokens=400_000)).run()
+    assert (policy.pressure, policy.order_window_s) == (PressureRule.ALWAYS, 3.0)
+    Simulation(_trace(10), policy).run()  # the same object on an engine without a tier
+    assert (policy.pressure, policy.order_window_s) == (PressureRule.RUNNING, 0.0)
+    with pytest.raises(ValueError, match="parameter 'tier_pressure': pressure must be one of"):
+        get_scheduling_policy("cachettl(tier_pressure=sometimes)")
