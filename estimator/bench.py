@@ -88,6 +88,10 @@ def run(window: int = 2000, repeat: int = 25, seed: int = 0, as_json: bool = Fal
     backoff = RequestFacts("bash", "make test", context_tokens=20_000)  # no invocation model
     figures["decide_invocation_us"] = _median_us(lambda: policy.decide(hit, models), repeat, 200)
     figures["decide_backoff_us"] = _median_us(lambda: policy.decide(backoff, models), repeat, 200)
+    for x in durations[:30]:  # a thin invocation: 30 samples, under K = 100
+        models.record_tool_call("bash", "make test", float(x))
+    blended = get_policy("cachettl", prior_samples=20.0)
+    figures["decide_blended_us"] = _median_us(lambda: blended.decide(backoff, models), repeat, 200)
 
     traced, pickled = _model_bytes(window, durations[: 20 * window])
     figures["model_traced_kib"] = traced / 1024
@@ -104,6 +108,7 @@ def run(window: int = 2000, repeat: int = 25, seed: int = 0, as_json: bool = Fal
         ("model update (µs)", figures["update_us"], "≤ 5"),
         ("decide, invocation level (µs)", figures["decide_invocation_us"], "≤ 50"),
         ("decide, backed off to tool (µs)", figures["decide_backoff_us"], "≤ 50"),
+        ("decide, blended back-off α = 20 (µs)", figures["decide_blended_us"], "≤ 50"),
         ("memory per tool model, traced (KiB)", figures["model_traced_kib"], "≤ 64"),
         ("memory per tool model, pickled (KiB)", figures["model_pickle_kib"], ""),
     ]
