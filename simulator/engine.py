@@ -29,6 +29,9 @@ class EngineConfig:
     max_num_seqs: int = 256
     kv_tokens: int | None = None  # None: the hardware profile's pool
     cpu_tier_tokens: int = 0  # 0: no CPU tier
+    #: vLLM's ``scheduler_reserve_full_isl`` (default on since it exists): a waiting request
+    #: is admitted only if its whole prompt fits in the free blocks, not just its first chunk.
+    reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -219,8 +222,11 @@ class Engine:
             hit = max(gpu_hit, cpu_hit)
             n = min(request.prompt_tokens - hit * size, budget)
             need = self._blocks_for(hit * size + n) - gpu_hit + cached
-            if need > self.pool.free:
-                short = need - self.pool.free
+            gate = need
+            if self.config.reserve_full_isl:
+                gate = self._blocks_for(request.prompt_tokens) - gpu_hit + cached
+            if gate > self.pool.free:
+                short = gate - self.pool.free
                 if not self.host.release_pins(short, request, now, False):
                     return reload_total, True
                 continue  # pins changed: look again

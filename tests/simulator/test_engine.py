@@ -223,3 +223,20 @@ def test_duplicate_program_ids_are_refused():
     programs = [_program("x", 0.0, [Turn(100, 2)]), _program("x", 1.0, [Turn(100, 2)])]
     with pytest.raises(ValueError, match="program ids must be unique"):
         simulate(programs, "vllm", HW)
+
+
+def test_admission_waits_until_the_whole_prompt_fits():
+    # 40 blocks. a holds 21 and grows while it decodes; b's first chunk (16 blocks) would
+    # fit in the 19 free ones, its whole prompt (25) would not. vLLM 0.32 (the default
+    # scheduler_reserve_full_isl) keeps b waiting; checking only the first chunk admits it
+    # and then preempts it when the blocks run out.
+    a = _program("a", 0.0, [Turn(320, 100)])
+    b = _program("b", 0.01, [Turn(400, 5)])
+    gated = EngineConfig(kv_tokens=40 * 16, max_num_batched_tokens=256)
+    chunk_only = EngineConfig(kv_tokens=40 * 16, max_num_batched_tokens=256, reserve_full_isl=False)
+    waits = simulate([a, b], "vllm", HW, gated)
+    eager = simulate([a, b], "vllm", HW, chunk_only)
+    assert waits.preemptions == 0
+    assert eager.preemptions > 0
+    finish = {p.program_id: p.finish_s for p in waits.programs}
+    assert finish["b"] > finish["a"]
