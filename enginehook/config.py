@@ -83,7 +83,10 @@ class HookConfig:
     ``host:port`` where the hook serves ``/metrics`` in Prometheus format (empty: off).
     ``cpu_tier``: whether a miss is priced as a reload from a CPU copy of the KV instead
     of a full prefill: ``auto`` (detected from the engine's KV connector and offloading
-    options, :func:`detect_cpu_tier`), ``on`` or ``off``.
+    options, :func:`detect_cpu_tier`), ``on`` or ``off``. ``tier_pressure`` and
+    ``tier_order_window_s`` replace ``pressure`` and ``order_window_s`` while a CPU tier is
+    on: a released pin then costs a reload, and program order would mostly move the queue
+    onto new programs (the simulator's CPU-tier study chose these defaults).
     """
 
     enabled: bool = True
@@ -104,15 +107,18 @@ class HookConfig:
     metrics_listen: str = ""
     idle_program_s: float = 3600.0
     cpu_tier: str = "auto"
+    tier_pressure: str = PressureRule.ALWAYS.value
+    tier_order_window_s: float = 2.0
 
     def __post_init__(self) -> None:
         PressureRule.parse(self.pressure)
+        PressureRule.parse(self.tier_pressure)
         if not isinstance(self.cpu_tier, str) or self.cpu_tier not in CPU_TIER_SETTINGS:
             raise ValueError(
                 "additional_config.cachettl.cpu_tier must be one of "
                 f"{', '.join(CPU_TIER_SETTINGS)}, got {self.cpu_tier!r}"
             )
-        for name in ("ttl_cap_s", "idle_program_s", "order_window_s"):
+        for name in ("ttl_cap_s", "idle_program_s", "order_window_s", "tier_order_window_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"additional_config.cachettl.{name} must be >= 0, got {value!r}")
@@ -135,6 +141,16 @@ class HookConfig:
     def pressure_rule(self) -> PressureRule:
         """``pressure`` as a :class:`PressureRule`."""
         return PressureRule.parse(self.pressure)
+
+    def rules(self, cpu_tier: bool) -> tuple[PressureRule, float]:
+        """The pressure rule and order window in force with or without a CPU tier.
+
+        >>> HookConfig().rules(cpu_tier=False), HookConfig().rules(cpu_tier=True)
+        ((<PressureRule.RUNNING: 'running'>, 0.0), (<PressureRule.ALWAYS: 'always'>, 2.0))
+        """
+        if cpu_tier:
+            return PressureRule.parse(self.tier_pressure), float(self.tier_order_window_s)
+        return self.pressure_rule, float(self.order_window_s)
 
     @classmethod
     def from_additional(cls, additional: Mapping[str, Any] | None) -> HookConfig:

@@ -38,7 +38,7 @@ from enginehook.hints import Hints
 from enginehook.link import EventSink, build_sink
 from enginehook.metrics import HookMetrics, serve_metrics
 from enginehook.pins import Pin, PinResult, PinTable, ReleaseReason
-from enginehook.pressure import may_release
+from enginehook.pressure import PressureRule, may_release
 from enginehook.priority import (
     ProgramArrivals,
     SortedWaitQueue,
@@ -158,7 +158,10 @@ class CacheTTLMixin:
         logger.info(
             "CacheTTL CPU tier %s: %s", "on" if self.cpu_tier.on else "off", self.cpu_tier.reason
         )
-        self._rule = self.cachettl.pressure_rule
+        self._rules_for: tuple[object, tuple[PressureRule, float]] = (
+            None,
+            self.cachettl.rules(False),
+        )
         self._tokenizer = self._load_tokenizer()
         self._next_housekeeping = 0.0
         self._step_started: float | None = None
@@ -189,6 +192,15 @@ class CacheTTLMixin:
             self.tracker.arrived(program, self.clock())
         super().add_request(request)  # type: ignore[misc]
 
+    @property
+    def cachettl_rules(self) -> tuple[PressureRule, float]:
+        """``(pressure rule, order window s)`` in force: the tier settings while a CPU tier
+        is on (:meth:`HookConfig.rules`)."""
+        tier = self.cpu_tier
+        if self._rules_for[0] is not tier:  # worked out again only when the tier changes
+            self._rules_for = (tier, self.cachettl.rules(tier.on))
+        return self._rules_for[1]
+
     def _priority(self, request: Request) -> tuple[int, int, float, float, str]:
         program = request.session_id
         return priority_key(
@@ -197,7 +209,7 @@ class CacheTTLMixin:
             effective_program_arrival(
                 self.arrivals.first(program, request.arrival_time),
                 request.arrival_time,
-                self.cachettl.order_window_s,
+                self.cachettl_rules[1],
             ),
             request.arrival_time,
             request.request_id,
@@ -389,7 +401,7 @@ class CacheTTLMixin:
             return result
         for_running = request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED)
         idle = not any(r is not request for r in self.running)
-        if not may_release(self._rule, for_running=for_running, nothing_running=idle):
+        if not may_release(self.cachettl_rules[0], for_running=for_running, nothing_running=idle):
             return None
         now = self.clock()
         waiting = self._waiting_programs()

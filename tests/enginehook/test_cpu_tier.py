@@ -10,6 +10,7 @@ import pytest
 from enginehook.config import CpuTier, HookConfig, detect_cpu_tier
 from enginehook.decide import TtlDecider
 from enginehook.metrics import HookMetrics
+from enginehook.pressure import PressureRule
 
 
 def _vllm_config(**kwargs: Any) -> Any:
@@ -221,3 +222,15 @@ def test_a_prompt_only_tier_prices_the_recomputed_output_on_top_of_the_reload():
     nothing = decider.decide(**facts, offload=True, offloaded_tokens=0)
     assert nothing.benefit_s == pytest.approx(prefill.benefit_s)
     assert nothing.ttl_s == prefill.ttl_s
+
+
+def test_tier_settings_are_validated_and_replace_the_plain_ones():
+    config = HookConfig.from_additional(
+        {"cachettl": {"tier_pressure": "running", "tier_order_window_s": 5}}
+    )
+    assert config.rules(cpu_tier=True) == (PressureRule.RUNNING, 5.0)
+    assert config.rules(cpu_tier=False) == (PressureRule.RUNNING, 0.0)
+    with pytest.raises(ValueError, match="pressure must be one of: running, always, never"):
+        HookConfig.from_additional({"cachettl": {"tier_pressure": "sometimes"}})
+    with pytest.raises(ValueError, match="tier_order_window_s must be >= 0, got -1"):
+        HookConfig.from_additional({"cachettl": {"tier_order_window_s": -1}})

@@ -174,11 +174,13 @@ def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
     the setting is switched to ``on`` on the running scheduler)."""
     from enginehook.config import detect_cpu_tier
     from enginehook.decide import TtlDecider
+    from enginehook.pressure import PressureRule
 
     sched = driver.scheduler
     assert not sched.cpu_tier.on  # auto, and this engine has no KV connector
     assert "no KV connector" in sched.cpu_tier.reason
     assert sched.metrics.snapshot()["cpu_tier"] is False
+    assert sched.cachettl_rules == (PressureRule.RUNNING, 0.0)  # the module's HOOK settings
     decider = TtlDecider("cachettl", {"ttl_cap_s": 60.0}, min_samples=5)
     for k in range(20):  # this tool returns after 5-14.5 ms
         decider.models.record_tool_call("bash", "ls -la", 0.005 + 0.0005 * k)
@@ -191,6 +193,7 @@ def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
         assert pin is not None
         assert pin.ttl_s > 0
         sched.cpu_tier = detect_cpu_tier("on", sched.vllm_config)
+        assert sched.cachettl_rules == (PressureRule.ALWAYS, 2.0)  # the tier defaults
         driver.run("U-1", driver.words(600), 32, session="U", xargs=xargs)
         assert "U" not in sched.pins  # a miss costs a reload: not worth the memory
     finally:
