@@ -31,13 +31,11 @@ first mostly moves the queue onto new arrivals; the tier settings replace ``pres
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Container
 from typing import Any, ClassVar
 
 from enginehook.pressure import PressureRule
 from estimator import (
     Decision,
-    HardwareProfile,
     RequestFacts,
     SignatureRegistry,
     TtlPolicy,
@@ -149,14 +147,6 @@ _OWN = {
     "share": Param(_flag, DEFAULTS["share"], "learn and use cross-tenant priors"),
     "per_program": Param(_flag, DEFAULTS["per_program"], "η from the program's progress"),
     "cpu_reload": Param(_flag, DEFAULTS["cpu_reload"], "price a miss as a CPU reload (tier only)"),
-    "tier_pressure": Param(
-        PressureRule.parse, DEFAULTS["tier_pressure"], "pressure rule with a CPU tier"
-    ),
-    "tier_window_s": Param(
-        _finite_non_negative,
-        DEFAULTS["tier_window_s"],
-        "order_window_s with a CPU tier (0: no bound)",
-    ),
 }
 
 
@@ -169,7 +159,17 @@ class Cachettl(_Pinning):
     estimator_policy = "cachettl"
     PARAMS: ClassVar[dict[str, Param]] = {
         **with_defaults(
-            **{k: DEFAULTS[k] for k in ("pressure", "victim", "ttl_cap_s", "budget_share")},
+            **{
+                k: DEFAULTS[k]
+                for k in (
+                    "pressure",
+                    "victim",
+                    "ttl_cap_s",
+                    "budget_share",
+                    "tier_pressure",
+                    "tier_window_s",
+                )
+            },
             min_samples=DEFAULTS["min_samples"],
             order_window_s=DEFAULTS["order_window_s"],
         ),
@@ -183,22 +183,6 @@ class Cachettl(_Pinning):
     share: bool
     per_program: bool
     cpu_reload: bool
-    tier_pressure: PressureRule
-    tier_window_s: float
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        self._without_tier = (self.pressure, self.order_window_s)
-
-    def bind(
-        self,
-        profile: HardwareProfile | str,
-        offload: bool,
-        pinned: Callable[[], Container[str]],
-    ) -> None:
-        super().bind(profile, offload, pinned)
-        with_tier = (self.tier_pressure, self.tier_window_s)
-        self.pressure, self.order_window_s = with_tier if offload else self._without_tier
 
     def ttl_policy(self) -> TtlPolicy:
         return get_policy(

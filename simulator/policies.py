@@ -345,6 +345,12 @@ _PINNING_PARAMS = {
     "min_samples": _MIN_SAMPLES,
     "budget_share": _BUDGET,
     "order_window_s": _WINDOW,
+    "tier_pressure": Param(
+        PressureRule.parse, None, "pressure where a CPU tier exists (unset: pressure)"
+    ),
+    "tier_window_s": Param(
+        _non_negative, None, "order_window_s where a CPU tier exists (unset: order_window_s)"
+    ),
 }
 
 
@@ -360,10 +366,13 @@ class _Pinning(SchedulingPolicy):
     min_samples: int
     budget_share: float
     order_window_s: float
+    tier_pressure: PressureRule | None
+    tier_window_s: float | None
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self._ttl = self.ttl_policy()
+        self._without_tier = (self.pressure, self.order_window_s)
 
     def ttl_policy(self) -> TtlPolicy:
         """The estimator policy that chooses TTLs."""
@@ -389,6 +398,12 @@ class _Pinning(SchedulingPolicy):
     ) -> None:
         super().bind(profile, offload, pinned)
         assert self.profile is not None
+        # With a CPU tier a lost pin costs a reload: the tier settings, where given, apply.
+        pressure, window = self._without_tier
+        if offload:
+            pressure = self.tier_pressure if self.tier_pressure is not None else pressure
+            window = self.tier_window_s if self.tier_window_s is not None else window
+        self.pressure, self.order_window_s = pressure, window
         durations = DurationHierarchy(
             min_samples=self.min_samples,
             forget_on_drift=self.forget_on_drift,
@@ -500,7 +515,12 @@ class Oracle(_Pinning):
 
     name = "oracle"
     help = "knows each tool's true duration; pins for exactly that long when it pays"
-    PARAMS = with_defaults(pressure=PressureRule.RUNNING, victim="lowest-loss")
+    PARAMS = with_defaults(
+        pressure=PressureRule.RUNNING,
+        victim="lowest-loss",
+        tier_pressure=PressureRule.ALWAYS,
+        tier_window_s=2.0,
+    )
 
     def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:
         assert self.models is not None
