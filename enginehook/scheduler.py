@@ -300,7 +300,7 @@ class CacheTTLMixin:
         if not hints.pin or not self._request_blocks_can_be_freed(request):  # type: ignore[attr-defined]
             self.tracker.finished(program, now, tool=call.name, tool_args=args)
             return False
-        waiting_tokens, free_tokens = self._load_signals()
+        waiting_tokens, free_tokens = self._load_signals(request.num_tokens)
         decision = self.decider.decide(
             tool=call.name,
             tool_args=args,
@@ -333,16 +333,25 @@ class CacheTTLMixin:
         )
         return True
 
-    def _load_signals(self) -> tuple[int, int]:
+    def _load_signals(self, context_tokens: int) -> tuple[int, int]:
         """KV tokens the waiting requests still need (prompts less their programs' pinned
-        blocks) and free KV tokens now: the load the policy prices a pin against."""
+        blocks) and free KV tokens now: the load the policy prices a pin against.
+
+        The policy clamps (waiting − free) / context to at most 1, so the walk over the
+        waiting queue stops once the sum passes free + context: a long queue under
+        saturation costs a few requests, not all of them, and the decision is the same.
+        """
         size = self.block_size
+        free = self._pool.get_num_free_blocks() * size
+        enough = free + context_tokens
         waiting = 0
         for r in self.waiting:
             pin = self.pins.get(r.session_id) if r.session_id else None
             held = pin.blocks * size if pin is not None else 0
             waiting += max(0, r.num_tokens - held)
-        return waiting, self._pool.get_num_free_blocks() * size
+            if waiting > enough:
+                break
+        return waiting, free
 
     def _take_pin(
         self, request: Request, program: str, decision: Decision, now: float

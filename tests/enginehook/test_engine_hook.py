@@ -198,3 +198,35 @@ def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
         assert "U" not in sched.pins  # a miss costs a reload: not worth the memory
     finally:
         sched.decider, sched.cpu_tier = saved
+
+
+def test_load_signals_count_waiting_demand_less_pinned_blocks(driver, clock):
+    """The load a pin is priced against: waiting prompts less their programs' pins, and
+    the walk stops once the sum passes free + context (λ is 1 from there on)."""
+    from estimator import RequestFacts, get_policy
+
+    sched = driver.scheduler
+    driver.run("P-1", driver.words(300), 4, session="P", xargs={"tool": "bash"})
+    pin = sched.pins.get("P")
+    assert pin is not None
+    assert pin.blocks > 0
+    driver.add("P-2", driver.words(400), 2, session="P", xargs={"last_turn": 1})
+    for i in range(6):
+        driver.add(f"big-{i}", driver.words(700), 2)
+    queue = list(sched.waiting)
+    assert len(queue) == 7
+    held = {"P": pin.blocks * BLOCK}
+    expected = sum(max(0, r.num_tokens - held.get(r.session_id, 0)) for r in queue)
+    free = sched._pool.get_num_free_blocks() * BLOCK
+    assert sched._load_signals(10**9) == (expected, free)
+    assert expected > free + 500  # enough demand to stop early
+    early, same_free = sched._load_signals(500)
+    assert same_free == free
+    assert free + 500 < early < expected
+    policy = get_policy("cachettl")
+    facts = [
+        RequestFacts("bash", context_tokens=500, waiting_tokens=w, free_tokens=free)
+        for w in (early, expected)
+    ]
+    assert [policy.pressure(f) for f in facts] == [1.0, 1.0]
+    driver.drain()
