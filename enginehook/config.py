@@ -108,7 +108,7 @@ class HookConfig:
     idle_program_s: float = 3600.0
     cpu_tier: str = "auto"
     tier_pressure: str = PressureRule.ALWAYS.value
-    tier_order_window_s: float = 2.0
+    tier_order_window_s: float = 5.0
 
     def __post_init__(self) -> None:
         PressureRule.parse(self.pressure)
@@ -146,7 +146,7 @@ class HookConfig:
         """The pressure rule and order window in force with or without a CPU tier.
 
         >>> HookConfig().rules(cpu_tier=False), HookConfig().rules(cpu_tier=True)
-        ((<PressureRule.RUNNING: 'running'>, 0.0), (<PressureRule.ALWAYS: 'always'>, 2.0))
+        ((<PressureRule.RUNNING: 'running'>, 0.0), (<PressureRule.ALWAYS: 'always'>, 5.0))
         """
         if cpu_tier:
             return PressureRule.parse(self.tier_pressure), float(self.tier_order_window_s)

@@ -130,7 +130,7 @@ DEFAULTS: dict[str, Any] = {
     "pressure": PressureRule.RUNNING,
     "order_window_s": 0.0,
     "tier_pressure": PressureRule.ALWAYS,
-    "tier_window_s": 2.0,
+    "tier_window_s": 5.0,
     "min_samples": 100,
 }
 

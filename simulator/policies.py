@@ -519,7 +519,7 @@ class Oracle(_Pinning):
         pressure=PressureRule.RUNNING,
         victim="lowest-loss",
         tier_pressure=PressureRule.ALWAYS,
-        tier_window_s=2.0,
+        tier_window_s=5.0,
     )
 
     def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:

@@ -193,7 +193,7 @@ def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
         assert pin is not None
         assert pin.ttl_s > 0
         sched.cpu_tier = detect_cpu_tier("on", sched.vllm_config)
-        assert sched.cachettl_rules == (PressureRule.ALWAYS, 2.0)  # the tier defaults
+        assert sched.cachettl_rules == (PressureRule.ALWAYS, 5.0)  # the tier defaults
         driver.run("U-1", driver.words(600), 32, session="U", xargs=xargs)
         assert "U" not in sched.pins  # a miss costs a reload: not worth the memory
     finally:
