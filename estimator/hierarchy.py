@@ -171,11 +171,7 @@ class DurationHierarchy(Estimator):
         levels: Sequence[Level] = (Level.INVOCATION, Level.TOOL, Level.TENANT, Level.SHARED),
     ) -> Lookup:
         """The first level in ``levels`` whose model holds more than ``min_samples``."""
-        for level in levels:
-            model = self.model(level, tool, args, tenant)
-            if model is not None and model.n_samples > self.min_samples:
-                return Lookup(model, level, self.tenant_samples(tenant))
-        return Lookup(None, None, self.tenant_samples(tenant))
+        return self.chain(tool, args, tenant, levels).chosen
 
     def chain(
         self,
