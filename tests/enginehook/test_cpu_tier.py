@@ -3,7 +3,7 @@ decisions that price a miss as a reload when a tier holds the KV."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -19,7 +19,11 @@ def _vllm_config(**kwargs: Any) -> Any:
     return VllmConfig(**kwargs)
 
 
-def _transfer(connector: str, role: str = "kv_both", **extra: Any) -> Any:
+def _transfer(
+    connector: str,
+    role: Literal["kv_producer", "kv_both", "kv_consumer"] = "kv_both",
+    **extra: Any,
+) -> Any:
     from vllm.config import KVTransferConfig
 
     return KVTransferConfig(

@@ -203,7 +203,7 @@ def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
 def test_load_signals_count_waiting_demand_less_pinned_blocks(driver, clock):
     """The load a pin is priced against: waiting prompts less their programs' pins, and
     the walk stops once the sum passes free + context (λ is 1 from there on)."""
-    from estimator import RequestFacts, get_policy
+    from estimator import CachettlPolicy, RequestFacts
 
     sched = driver.scheduler
     driver.run("P-1", driver.words(300), 4, session="P", xargs={"tool": "bash"})
@@ -223,7 +223,7 @@ def test_load_signals_count_waiting_demand_less_pinned_blocks(driver, clock):
     early, same_free = sched._load_signals(500)
     assert same_free == free
     assert free + 500 < early < expected
-    policy = get_policy("cachettl")
+    policy = CachettlPolicy()
     facts = [
         RequestFacts("bash", context_tokens=500, waiting_tokens=w, free_tokens=free)
         for w in (early, expected)

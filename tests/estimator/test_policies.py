@@ -270,7 +270,9 @@ def _bash_models(fast_samples: int) -> Models:
     calls = slow + [("cat setup.py", 0.05)] * fast_samples
     for i in rng.permutation(len(calls)):  # one stationary mix: no drift to forget
         models.record_tool_call("bash", *calls[i])
-    assert models.durations.model(Level.TOOL, "bash").n_samples == len(calls)
+    tool = models.durations.model(Level.TOOL, "bash")
+    assert tool is not None
+    assert tool.n_samples == len(calls)
     return models
 
 

@@ -65,7 +65,8 @@ class _Queue:
             if self.blocks[b].hash is None:
                 self.blocks[b].hash = (program, i)
                 self.cache.setdefault((program, i), []).append(b)
-        first, last = [], []
+        first: list[int] = []
+        last: list[int] = []
         for b in reversed(held):
             block = self.blocks[b]
             block.ref_cnt -= 1
@@ -166,8 +167,8 @@ def test_block_pool_follows_vllms_free_queue(size: int, ops: list[tuple[str, int
             # as the engine (and vLLM's allocate_slots): the hit first, then new blocks
             assert pool.take_prefix(program, chain + b) == chain
             assert pool.allocate(a)
-            hit = ref.touch(program, chain)
-            running[program] = (hit + ref.get_new_blocks(a), chain)
+            touched = ref.touch(program, chain)
+            running[program] = (touched + ref.get_new_blocks(a), chain)
         elif b:
             ok = pool.allocate(a)
             assert ok == (a <= len(ref.queue))

@@ -10,7 +10,7 @@ import pytest
 from controlplane.cli import main
 from enginehook.pressure import PressureRule
 from simulator.engine import EngineConfig
-from simulator.ours import BASE, IMPROVEMENTS
+from simulator.ours import BASE, IMPROVEMENTS, Cachettl
 from simulator.policies import get_scheduling_policy
 from simulator.sim import Simulation, simulate
 from simulator.study import (
@@ -184,6 +184,7 @@ def test_everything_off_decides_as_continuum_with_a_cpu_tier_too() -> None:
 
 def test_tier_settings_replace_pressure_and_order_window_only_with_a_tier() -> None:
     policy = get_scheduling_policy("cachettl(tier_window_s=3)")
+    assert isinstance(policy, Cachettl)
     assert (policy.pressure, policy.order_window_s) == (PressureRule.RUNNING, 0.0)
     Simulation(_trace(10), policy, config=EngineConfig(cpu_tier_tokens=400_000)).run()
     assert (policy.pressure, policy.order_window_s) == (PressureRule.ALWAYS, 3.0)
