@@ -192,3 +192,23 @@ def test_tier_settings_replace_pressure_and_order_window_only_with_a_tier() -> N
     assert (policy.pressure, policy.order_window_s) == (PressureRule.RUNNING, 0.0)
     with pytest.raises(ValueError, match="parameter 'tier_pressure': pressure must be one of"):
         get_scheduling_policy("cachettl(tier_pressure=sometimes)")
+
+
+def test_the_engine_hook_and_the_estimator_ship_the_defaults_the_ablation_chose() -> None:
+    from enginehook.config import HookConfig
+    from estimator import CachettlPolicy
+    from simulator.ours import DEFAULTS
+
+    hook = HookConfig()
+    assert hook.policy == "cachettl"
+    assert hook.rules(cpu_tier=False) == (DEFAULTS["pressure"], DEFAULTS["order_window_s"])
+    assert hook.rules(cpu_tier=True) == (DEFAULTS["tier_pressure"], DEFAULTS["tier_window_s"])
+    assert hook.budget_fraction == DEFAULTS["budget_share"]
+    assert hook.ttl_cap_s == DEFAULTS["ttl_cap_s"]
+    assert hook.min_samples == DEFAULTS["min_samples"]
+    policy = CachettlPolicy()
+    assert policy.load_aware == DEFAULTS["load_aware"]
+    assert policy.load_floor == DEFAULTS["load_floor"]
+    assert policy.per_program == DEFAULTS["per_program"]
+    assert policy.prior_samples == DEFAULTS["prior_samples"]
+    assert policy.ttl_cap_s == DEFAULTS["ttl_cap_s"]
