@@ -70,6 +70,10 @@ class ControlPlane:
         self.profile = profile
         self.clock = clock
         self._lock = threading.RLock()
+        # One writer at a time in this process: the database orders writers anyway (SQLite's
+        # write lock, PostgreSQL's advisory lock), and a batch committed and learned under
+        # one lock is always learned in log order, never by re-reading the log.
+        self._write_lock = threading.Lock()
         self._auth: dict[str, tuple[Tenant | None, float]] = {}
         self._snapshot_version = -1
         self.state = self._restore()
@@ -149,34 +153,36 @@ class ControlPlane:
 
     def record_tool_calls(self, tenant: Tenant, calls: Sequence[ToolCall]) -> AppendResult:
         """Commit a validated batch, then learn it; returns once both are done."""
-        result = self.store.append_tool_calls(tenant, calls)
-        with self._lock:
-            seqs = result.seqs
-            in_order = (
-                result.duplicates == 0
-                and bool(seqs)
-                and seqs[0] == self.state.tool_seq + 1
-                and all(b == a + 1 for a, b in pairwise(seqs))
-            )
-            if in_order:  # nobody wrote in between: learn the batch as sent
-                rows = [
-                    StoredToolCall(s, tenant.name, tenant.share, c)
-                    for s, c in zip(seqs, calls, strict=True)
-                ]
-                self.state.apply_tool_calls(rows)
-            elif seqs:
-                self.catch_up()  # another writer went between: learn in log order
+        with self._write_lock:
+            result = self.store.append_tool_calls(tenant, calls)
+            with self._lock:
+                seqs = result.seqs
+                in_order = (
+                    result.duplicates == 0
+                    and bool(seqs)
+                    and seqs[0] == self.state.tool_seq + 1
+                    and all(b == a + 1 for a, b in pairwise(seqs))
+                )
+                if in_order:  # nobody wrote in between: learn the batch as sent
+                    rows = [
+                        StoredToolCall(s, tenant.name, tenant.share, c)
+                        for s, c in zip(seqs, calls, strict=True)
+                    ]
+                    self.state.apply_tool_calls(rows)
+                elif seqs:
+                    self.catch_up()  # another server wrote in between: learn in log order
         return result
 
     def record_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
         """Commit and learn a program's end; its position, or None for a repeat."""
-        seq = self.store.append_program_end(tenant, end)
-        if seq is not None:
-            with self._lock:
-                if seq == self.state.end_seq + 1:
-                    self.state.apply_program_ends([StoredProgramEnd(seq, tenant.name, end)])
-                else:
-                    self.catch_up()
+        with self._write_lock:
+            seq = self.store.append_program_end(tenant, end)
+            if seq is not None:
+                with self._lock:
+                    if seq == self.state.end_seq + 1:
+                        self.state.apply_program_ends([StoredProgramEnd(seq, tenant.name, end)])
+                    else:
+                        self.catch_up()
         return seq
 
     # -- decisions and inspection -----------------------------------------------------
