@@ -7,15 +7,12 @@ The hook does not route; this shows the proxy set-up documented in enginehook/RE
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,20 +21,15 @@ from typing import Any
 import pytest
 
 from enginehook.tinymodel import random_words
+from tests.enginehook.processes import free_port, start_vllm_server, vllm_healthy
 
 pytestmark = pytest.mark.slow
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start_engine(model: Path, work: Path, name: str) -> tuple[subprocess.Popen[bytes], int, Path]:
-    port = _free_port()
+    port = free_port()
     log = work / f"{name}-events.jsonl"
     hook = {
         "policy": "fixed",
@@ -45,26 +37,7 @@ def _start_engine(model: Path, work: Path, name: str) -> tuple[subprocess.Popen[
         "budget_fraction": 0.6,
         "event_log": str(log),
     }
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-    args += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"]
-    args += ["--max-model-len", "2048", "--block-size", "32", "--num-gpu-blocks-override", "96"]
-    args += ["--enable-prefix-caching", "--max-num-seqs", "4", "--enable-prompt-tokens-details"]
-    args += ["--scheduler-cls", "enginehook.scheduler.CacheTTLScheduler"]
-    args += ["--additional-config", json.dumps({"cachettl": hook}), "--seed", "0"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    with (work / f"{name}.log").open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-    return proc, port, log
-
-
-def _healthy(proc: subprocess.Popen[bytes], port: int, log: Path) -> bool:
-    assert proc.poll() is None, log.read_text()[-3000:]
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
+    return start_vllm_server(model, port, hook, work / f"{name}.log"), port, log
 
 
 def _nginx_conf(work: Path, listen: int, backends: list[int]) -> Path:
@@ -93,12 +66,12 @@ def proxy(
 ) -> Iterator[tuple[str, list[Path]]]:
     work = tmp_path_factory.mktemp("affinity")
     engines = [_start_engine(tiny_model, work, f"engine{i}") for i in range(2)]
-    listen = _free_port()
+    listen = free_port()
     nginx: subprocess.Popen[bytes] | None = None
     try:
         deadline = time.monotonic() + 400
         while not all(
-            _healthy(p, port, work / f"engine{i}.log") for i, (p, port, _) in enumerate(engines)
+            vllm_healthy(p, port, work / f"engine{i}.log") for i, (p, port, _) in enumerate(engines)
         ):
             assert time.monotonic() < deadline, "engines did not start"
             time.sleep(1.0)

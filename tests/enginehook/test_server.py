@@ -5,14 +5,12 @@ and restarted in the middle of the run."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,22 +18,11 @@ from typing import Any
 
 import pytest
 
+from tests.enginehook.processes import free_port, start_vllm_server, vllm_healthy, wait_for
+
 pytestmark = pytest.mark.slow
 
 CLI = str(Path(sys.executable).parent / "cachettl")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
 
 
 @dataclass
@@ -55,7 +42,7 @@ class ControlPlaneProcess:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", self.port)) == 0
 
-        _wait(listening, 60, "the control plane")
+        wait_for(listening, 60, "the control plane")
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -85,10 +72,10 @@ def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     token = subprocess.run(
         [CLI, "tenants", "create", "engine", "--db", db], check=True, capture_output=True, text=True
     ).stdout.strip()
-    plane = ControlPlaneProcess(db, _free_port(), work / "cp.log")
+    plane = ControlPlaneProcess(db, free_port(), work / "cp.log")
     plane.start()
     event_log = work / "events.jsonl"
-    metrics_port = _free_port()
+    metrics_port = free_port()
     hook = {
         "policy": "fixed",
         "policy_params": {"ttl_s": 60.0, "skip_slow_tools": False},
@@ -98,28 +85,10 @@ def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "event_log": str(event_log),
         "metrics_listen": f"127.0.0.1:{metrics_port}",
     }
-    port = _free_port()
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model)]
-    args += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"]
-    args += ["--max-model-len", "2048", "--block-size", "32", "--num-gpu-blocks-override", "96"]
-    args += ["--enable-prefix-caching", "--max-num-seqs", "4", "--enable-prompt-tokens-details"]
-    args += ["--scheduler-cls", "enginehook.scheduler.CacheTTLScheduler"]
-    args += ["--additional-config", json.dumps({"cachettl": hook}), "--seed", "0"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    with (work / "vllm.log").open("wb") as out:
-        server = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-    def healthy() -> bool:
-        assert server.poll() is None, (work / "vllm.log").read_text()[-3000:]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
+    port = free_port()
+    server = start_vllm_server(tiny_model, port, hook, work / "vllm.log")
     try:
-        _wait(healthy, 300, "the vLLM server")
+        wait_for(lambda: vllm_healthy(server, port, work / "vllm.log"), 300, "the vLLM server")
         yield Stack(f"http://127.0.0.1:{port}/v1", str(tiny_model), plane, event_log, metrics_port)
     finally:
         server.send_signal(signal.SIGTERM)
@@ -226,7 +195,7 @@ def test_pinned_agent_gets_cached_prefix_and_unpinned_does_not(stack):
     assert cached["A"][1] >= 480 // 32 * 32  # at least the first prompt's full blocks
     assert cached["A"][2] > cached["A"][1]
     assert cached["B"][1:] == [0, 0]
-    _wait(lambda: sum(e["kind"] == "program_end" for e in _events(stack)) >= 2, 30, "events")
+    wait_for(lambda: sum(e["kind"] == "program_end" for e in _events(stack)) >= 2, 30, "events")
     by_program: dict[str, list[str]] = {}
     for e in _events(stack):
         if e["kind"] == "tool_call":
@@ -253,7 +222,7 @@ def test_control_plane_killed_mid_run_serving_continues_no_event_lost(stack):
     _fillers(stack, rng, 4)
     assert agent.turn() > 0  # still pinned and served with the control plane down
     agent.turn(last=True)
-    _wait(
+    wait_for(
         lambda: any(
             e.get("program_id") == "agent-C" and e["kind"] == "program_end" for e in _events(stack)
         ),
@@ -266,7 +235,7 @@ def test_control_plane_killed_mid_run_serving_continues_no_event_lost(stack):
     ends = {e["program_id"] for e in events if e["kind"] == "program_end"}
     store = create_store(stack.plane.db)
     try:
-        _wait(
+        wait_for(
             lambda: (
                 store.count_tool_calls() == len(calls)
                 and len(store.read_program_ends(0, 1000)) == len(ends)

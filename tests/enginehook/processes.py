@@ -1,0 +1,54 @@
+"""Real vLLM OpenAI servers with the hook, as subprocesses, for the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
+
+
+def start_vllm_server(
+    model: Path, port: int, hook: dict[str, Any], log: Path
+) -> subprocess.Popen[bytes]:
+    """The tiny model behind vLLM's OpenAI server on ``port`` (96 blocks of 32 tokens,
+    four sequences) with the CacheTTL scheduler configured by ``hook``; output to ``log``."""
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    args += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"]
+    args += ["--max-model-len", "2048", "--block-size", "32", "--num-gpu-blocks-override", "96"]
+    args += ["--enable-prefix-caching", "--max-num-seqs", "4", "--enable-prompt-tokens-details"]
+    args += ["--scheduler-cls", "enginehook.scheduler.CacheTTLScheduler"]
+    args += ["--additional-config", json.dumps({"cachettl": hook}), "--seed", "0"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    with log.open("wb") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def vllm_healthy(proc: subprocess.Popen[bytes], port: int, log: Path) -> bool:
+    """Whether the server answers ``/health``; fails with its log's tail if it died."""
+    assert proc.poll() is None, log.read_text()[-3000:]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
