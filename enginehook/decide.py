@@ -77,35 +77,27 @@ class TtlDecider:
         """The TTL for a finished turn that called ``tool``.
 
         ``offload``: a CPU tier holds a copy of the turn's KV, so a miss costs a reload,
-        not a full prefill. ``offloaded_tokens``: how much of the context the tier holds
-        (default: all of it); the rest is recomputed on top of the reloaded prefix, and
-        the miss is priced as reload(offloaded) + prefill(context) − prefill(offloaded).
+        not a full prefill; ``offloaded_tokens``: how much of the context it holds
+        (default: all of it). The cost model prices both
+        (:meth:`estimator.CostModel.prefill_reload_s`).
         """
         if override_ttl_s is not None:
             return Decision(override_ttl_s, 1.0, 0.0, "client", 0.0)
+        facts = RequestFacts(
+            tool=tool,
+            tool_args=tool_args,
+            context_tokens=context_tokens,
+            tenant=self.tenant,
+            program_id=program_id,
+            turns_served=turns_served,
+            reload_cost_s=reload_cost_s,
+            offload=offload,
+            offloaded_tokens=offloaded_tokens,
+            waiting_tokens=waiting_tokens,
+            free_tokens=free_tokens,
+        )
         with self._lock:
-            models = self._models
-            if offload and models.cost.offload_bandwidth_bps is None:
-                offload = False  # no reload bandwidth to price with: a full prefill
-            if offload and reload_cost_s is None and offloaded_tokens is not None:
-                held = min(max(0, offloaded_tokens), context_tokens)
-                if held < context_tokens:
-                    cost = models.cost
-                    recompute = cost.prefill_s(context_tokens) - cost.prefill_s(held)
-                    reload_cost_s = cost.reload_s(held) + max(0.0, recompute)
-            facts = RequestFacts(
-                tool=tool,
-                tool_args=tool_args,
-                context_tokens=context_tokens,
-                tenant=self.tenant,
-                program_id=program_id,
-                turns_served=turns_served,
-                reload_cost_s=reload_cost_s,
-                offload=offload,
-                waiting_tokens=waiting_tokens,
-                free_tokens=free_tokens,
-            )
-            return self.policy.decide(facts, models)
+            return self.policy.decide(facts, self._models)
 
     def learn(self, event: ToolCallEvent | ProgramEndEvent) -> None:
         """Update the local snapshot with one of the engine's own events."""

@@ -120,9 +120,33 @@ class CostModel(Estimator):
             return float("inf")
         return t * self.kv_bytes_per_token / self.offload_bandwidth_bps
 
-    def prefill_reload_s(self, tokens: float, offload: bool = False) -> float:
-        """PrefillReload(r): reload when a CPU tier holds the KV, else prefill."""
-        return self.reload_s(tokens) if offload else self.prefill_s(tokens)
+    def prefill_reload_s(
+        self, tokens: float, offload: bool = False, offloaded_tokens: float | None = None
+    ) -> float:
+        """PrefillReload(r): reload when a CPU tier holds the KV, else prefill.
+
+        ``offloaded_tokens``: how much of the context the tier holds (default: all of it);
+        the rest is recomputed on top of the reloaded prefix, so the miss costs
+        reload(held) + prefill(tokens) − prefill(held). Without a reload bandwidth the
+        tier cannot be priced and a miss is a full prefill.
+
+        >>> model = CostModel([(1000, 0.1), (2000, 0.2), (4000, 0.45)], 131072,
+        ...                   offload_bandwidth_bps=50e9)
+        >>> part = model.prefill_reload_s(4000, offload=True, offloaded_tokens=3000)
+        >>> model.reload_s(4000) < part < model.prefill_s(4000)
+        True
+        >>> model.prefill_reload_s(4000, offload=True, offloaded_tokens=0) == model.prefill_s(4000)
+        True
+        """
+        if not offload or self.offload_bandwidth_bps is None:
+            return self.prefill_s(tokens)
+        held = tokens if offloaded_tokens is None else min(max(offloaded_tokens, 0.0), tokens)
+        if held <= 0:
+            return self.prefill_s(tokens)
+        if held >= tokens:
+            return self.reload_s(tokens)
+        recompute = max(0.0, self.prefill_s(tokens) - self.prefill_s(held))
+        return self.reload_s(held) + recompute
 
     @property
     def coefficients(self) -> tuple[float, float, float]:

@@ -45,7 +45,8 @@ class RequestFacts:
     """What is known about a finished request that called a tool.
 
     ``reload_cost_s`` and ``queue_delay_s`` override PrefillReload(r) and T when given.
-    ``offload``: the KV also sits in a CPU tier, so rebuilding it is a reload.
+    ``offload``: the KV also sits in a CPU tier, so rebuilding it is a reload;
+    ``offloaded_tokens``: how much of the context the tier holds (None: all of it).
     ``share``: the tenant opted into cross-tenant statistics (may use shared priors).
     ``waiting_tokens`` / ``free_tokens``: KV demand of the requests waiting now and the
     free KV capacity now, in tokens (load signals; None when the caller does not know).
@@ -60,6 +61,7 @@ class RequestFacts:
     reload_cost_s: float | None = None
     queue_delay_s: float | None = None
     offload: bool = False
+    offloaded_tokens: int | None = None
     share: bool = False
     waiting_tokens: int | None = None
     free_tokens: int | None = None
@@ -77,6 +79,8 @@ class RequestFacts:
             check_count("waiting_tokens", self.waiting_tokens)
         if self.free_tokens is not None:
             check_count("free_tokens", self.free_tokens)
+        if self.offloaded_tokens is not None:
+            check_count("offloaded_tokens", self.offloaded_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +123,9 @@ class TtlPolicy(ABC):
         queue = facts.queue_delay_s if facts.queue_delay_s is not None else stats.queue.get()
         reload = facts.reload_cost_s
         if reload is None:
-            reload = models.cost.prefill_reload_s(facts.context_tokens, offload=facts.offload)
+            reload = models.cost.prefill_reload_s(
+                facts.context_tokens, offload=facts.offload, offloaded_tokens=facts.offloaded_tokens
+            )
         return queue * self.eta(facts, models) + reload
 
     def eta(self, facts: RequestFacts, models: Models) -> float:

@@ -123,3 +123,18 @@ def test_profiles_are_consistent() -> None:
     assert h100.kv_pool_tokens > 300_000
     with pytest.raises(ValueError, match=r"valid: llama3\.1-70b-h100-tp4, llama3\.1-8b-a100"):
         get_profile("gpt")
+
+
+def test_prefill_reload_with_a_partial_tier_and_without_a_bandwidth() -> None:
+    points = [(1000, 0.1), (2000, 0.2), (4000, 0.45)]
+    tier = CostModel(points, 131072, offload_bandwidth_bps=50e9)
+    full = tier.prefill_reload_s(4000, offload=True)
+    part = tier.prefill_reload_s(4000, offload=True, offloaded_tokens=3000)
+    assert full == tier.reload_s(4000)
+    expected = tier.reload_s(3000) + tier.prefill_s(4000) - tier.prefill_s(3000)
+    assert part == pytest.approx(expected)
+    assert full < part < tier.prefill_s(4000)
+    assert tier.prefill_reload_s(4000, offload=True, offloaded_tokens=9000) == full
+    no_bandwidth = CostModel(points, 131072)
+    assert no_bandwidth.reload_s(4000) == float("inf")
+    assert no_bandwidth.prefill_reload_s(4000, offload=True) == no_bandwidth.prefill_s(4000)
