@@ -61,10 +61,10 @@ class RequestFacts:
     reload_cost_s: float | None = None
     queue_delay_s: float | None = None
     offload: bool = False
-    offloaded_tokens: int | None = None
     share: bool = False
     waiting_tokens: int | None = None
     free_tokens: int | None = None
+    offloaded_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tool, str) or not self.tool:

@@ -19,11 +19,10 @@ A program's context only grows from turn to turn, so its cached blocks are a pre
 from the tail: the pool keeps one *run* per release (a block count at one place in the
 queue) instead of individual blocks, and a program points at its latest run. Each
 operation is O(1) amortised. Blocks a program can no longer hit (a run left behind by a
-hit that did not take all of it, by a later release of the same program, or by
-:meth:`BlockPool.forget`) stay in place as cached content no one will ask for: vLLM would
-still match a run left behind by a partial hit, but the engine's requests always take their
-program's whole cached run (a prompt extends the context the run was cached from), so the
-case does not arise there.
+hit that did not take all of it, or by a later release of the same program) stay in place
+as cached content no one will ask for: vLLM would still match a run left behind by a
+partial hit, but the engine's requests always take their program's whole cached run (a
+prompt extends the context the run was cached from), so the case does not arise there.
 
 >>> pool = BlockPool(10)
 >>> pool.allocate(6)
@@ -35,11 +34,6 @@ True
 True
 >>> pool.cached_prefix("p"), pool.evicted_blocks
 (3, 2)
->>> pool.forget("p")                          # p's 3 blocks stay in place, unhittable
->>> pool.cached_prefix("p"), pool.free
-(0, 3)
->>> pool.allocate(1), pool.evicted_blocks     # ... and are evicted in their turn
-(True, 3)
 """
 
 from __future__ import annotations
@@ -145,13 +139,6 @@ class BlockPool:
             self._runs[key] = _Run(cached, program_id)
             self._live[program_id] = key
             self._cached += cached
-
-    def forget(self, program_id: str) -> None:
-        """The program ended: its cached run can no longer be hit but stays in the queue
-        (vLLM does not know a program ended)."""
-        key = self._live.pop(program_id, None)
-        if key is not None:
-            self._runs[key].owner = None
 
 
 class CpuTier:

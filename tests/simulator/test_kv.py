@@ -89,18 +89,17 @@ def test_partial_block_goes_before_an_older_programs_cached_blocks():
 
 
 def test_an_ended_programs_blocks_are_evicted_in_lru_order():
+    # vLLM is never told that a program ended: its run waits its turn like any other.
     pool = BlockPool(8)
     assert pool.allocate(8)
     pool.release("old", held=4, cached=4)
     pool.release("ended", held=4, cached=4)
-    pool.forget("ended")
-    assert (pool.free, pool.cached_prefix("ended")) == (8, 0)
-    assert pool.allocate(3)  # the older program goes first, ended or not
+    assert (pool.free, pool.cached_prefix("ended")) == (8, 4)
+    assert pool.allocate(3)  # the older program goes first
     assert (pool.cached_prefix("old"), pool.evicted_blocks) == (1, 3)
     assert pool.allocate(2)  # then the ended program's blocks, counted as evictions
-    assert (pool.cached_prefix("old"), pool.evicted_blocks, pool.free) == (0, 5, 3)
-    pool.forget("never-seen")
-    assert pool.free == 3
+    assert (pool.cached_prefix("old"), pool.cached_prefix("ended")) == (0, 3)
+    assert (pool.evicted_blocks, pool.free) == (5, 3)
 
 
 def test_blocks_beyond_a_hit_stay_in_place():
@@ -132,7 +131,7 @@ def test_release_leaves_the_programs_older_run_in_place():
 _PROGRAMS = 4
 _OPS = st.lists(
     st.tuples(
-        st.sampled_from(("step", "step", "step", "forget")),
+        st.sampled_from(("step", "step", "step", "end")),
         st.integers(0, _PROGRAMS - 1),
         st.integers(0, 8),
         st.integers(0, 3),
@@ -154,10 +153,8 @@ def test_block_pool_follows_vllms_free_queue(size: int, ops: list[tuple[str, int
     running: dict[str, tuple[list[int], int]] = {}  # program -> (reference blocks, hit)
     for op, index, a, b in ops:
         program = f"p{index}.{generation[index]}"
-        if op == "forget":
-            if program not in running:
-                pool.forget(program)
-                assert pool.cached_prefix(program) == 0
+        if op == "end":
+            if program not in running:  # it never comes back; nobody tells the pool
                 generation[index] += 1
         elif program not in running:
             chain = ref.chain(program)
