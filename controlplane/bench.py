@@ -171,7 +171,7 @@ def _direct_decide_rate(seconds: float) -> float:
     models = policy.new_models(min_samples=10)
     for d in np.random.default_rng(0).lognormal(0.0, 1.0, 2000):
         models.record_tool_call("bash", "ls", float(d))
-    facts = RequestFacts("bash", "ls", 4000)
+    facts = RequestFacts(tool="bash", tool_args="ls", context_tokens=4000)
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         policy.decide(facts, models)

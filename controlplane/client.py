@@ -40,6 +40,7 @@ from controlplane._gen.cachettl.v1 import (
     ttl_pb2_grpc,
 )
 from controlplane.records import PinOutcome, ToolCall
+from estimator import RequestFacts
 
 __all__ = [
     "ClientTls",
@@ -48,6 +49,7 @@ __all__ = [
     "RecordResult",
     "ToolCall",
     "TtlDecision",
+    "to_decide_request",
     "to_event",
 ]
 
@@ -123,6 +125,27 @@ def to_event(call: ToolCall) -> events_pb2.ToolCallEvent:
     return event
 
 
+def to_decide_request(facts: RequestFacts) -> ttl_pb2.DecideTtlRequest:
+    """The wire form of ``facts`` (``controlplane.validation.decide_request`` reverses it;
+    ``tenant`` and ``share`` do not travel: the server takes them from the token)."""
+    request = ttl_pb2.DecideTtlRequest(
+        program_id=facts.program_id or "",
+        tool_name=facts.tool,
+        tool_args=facts.tool_args or "",
+        context_tokens=facts.context_tokens,
+        turns_served=facts.turns_served,
+        offload=facts.offload,
+        waiting_tokens=facts.waiting_tokens,
+        free_tokens=facts.free_tokens,
+        offloaded_tokens=facts.offloaded_tokens,
+    )
+    if facts.reload_cost_s is not None:
+        request.reload_cost.CopyFrom(_duration("reload_cost_s", facts.reload_cost_s))
+    if facts.queue_delay_s is not None:
+        request.queue_delay.CopyFrom(_duration("queue_delay_s", facts.queue_delay_s))
+    return request
+
+
 class ControlPlaneClient:
     """Calls the control plane at ``target`` ("host:port") as the tenant owning ``token``."""
 
@@ -178,21 +201,37 @@ class ControlPlaneClient:
         reload_cost_s: float | None = None,
         queue_delay_s: float | None = None,
         offload: bool = False,
+        waiting_tokens: int | None = None,
+        free_tokens: int | None = None,
+        offloaded_tokens: int | None = None,
     ) -> TtlDecision:
-        """The server policy's TTL for a finished turn that called ``tool_name``."""
-        request = ttl_pb2.DecideTtlRequest(
-            program_id=program_id,
-            tool_name=tool_name,
-            tool_args=tool_args,
+        """The server policy's TTL for a finished turn that called ``tool_name``.
+
+        ``waiting_tokens`` / ``free_tokens``: the engine's load now (KV demand of waiting
+        requests, free KV capacity); ``offloaded_tokens``: how much of the context a CPU
+        tier holds. ``None`` means "not known"; without both load signals the server
+        prices holding as if the queue were full. Bad values raise ``ValueError`` naming
+        the argument (see :class:`estimator.RequestFacts`).
+        """
+        facts = RequestFacts(
+            tool=tool_name,
+            tool_args=tool_args or None,
             context_tokens=context_tokens,
+            program_id=program_id or None,
             turns_served=turns_served,
+            reload_cost_s=reload_cost_s,
+            queue_delay_s=queue_delay_s,
             offload=offload,
+            waiting_tokens=waiting_tokens,
+            free_tokens=free_tokens,
+            offloaded_tokens=offloaded_tokens,
         )
-        if reload_cost_s is not None:
-            request.reload_cost.CopyFrom(_duration("reload_cost_s", reload_cost_s))
-        if queue_delay_s is not None:
-            request.queue_delay.CopyFrom(_duration("queue_delay_s", queue_delay_s))
-        r = self._ttl.DecideTtl(request, **self._kw())
+        return self.decide(facts)
+
+    def decide(self, facts: RequestFacts) -> TtlDecision:
+        """``decide_ttl`` for facts already gathered (their ``tenant`` and ``share`` are
+        ignored: the server takes both from the token)."""
+        r = self._ttl.DecideTtl(to_decide_request(facts), **self._kw())
         return TtlDecision(
             _seconds(r.ttl),
             r.return_probability,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from itertools import pairwise
 from typing import Any
 
@@ -28,27 +28,13 @@ from controlplane.state import ModelState
 from controlplane.store import Store, hash_token, new_token
 from estimator import Decision, RequestFacts, get_policy
 
-__all__ = ["ControlPlane", "DecideRequest"]
+__all__ = ["ControlPlane"]
 
 #: Rows read per query while catching up with the log.
 READ_BATCH = 5000
 #: How long an authenticated token is trusted before the store is asked again (so a
 #: revocation takes effect within this many seconds).
 AUTH_CACHE_S = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class DecideRequest:
-    """A validated ``DecideTtl`` request (the tenant comes from the token)."""
-
-    tool_name: str
-    tool_args: str = ""
-    context_tokens: int = 0
-    program_id: str = ""
-    turns_served: int = 0
-    reload_cost_s: float | None = None
-    queue_delay_s: float | None = None
-    offload: bool = False
 
 
 class ControlPlane:
@@ -187,20 +173,13 @@ class ControlPlane:
 
     # -- decisions and inspection -----------------------------------------------------
 
-    def decide(self, tenant: Tenant, request: DecideRequest) -> tuple[Decision, int]:
-        """The policy's decision on the current models, and their version."""
-        facts = RequestFacts(
-            request.tool_name,
-            request.tool_args or None,
-            request.context_tokens,
-            tenant.name,
-            request.program_id or None,
-            request.turns_served,
-            request.reload_cost_s,
-            request.queue_delay_s,
-            request.offload,
-            tenant.share,
-        )
+    def decide(self, tenant: Tenant, facts: RequestFacts) -> tuple[Decision, int]:
+        """The policy's decision on the current models, and their version.
+
+        ``facts.tenant`` and ``facts.share`` are replaced by ``tenant``'s (a tenant is the
+        caller's token, never a field of the request).
+        """
+        facts = replace(facts, tenant=tenant.name, share=tenant.share)
         with self._lock:
             return self.policy.decide(facts, self.state.models), self.state.version
 

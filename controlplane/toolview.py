@@ -10,8 +10,9 @@ from typing import Any
 
 from controlplane.inspection import DistributionView, ToolView
 from controlplane.records import Tenant
-from controlplane.service import ControlPlane, DecideRequest
+from controlplane.service import ControlPlane
 from controlplane.store import create_store
+from estimator import RequestFacts
 
 __all__ = ["TYPICAL_CONTEXTS", "run"]
 
@@ -63,7 +64,9 @@ def _list(tools: list[ToolView], as_json: bool) -> int:
 def _decisions(plane: ControlPlane, tenant: Tenant, tool: str, args: str) -> list[dict[str, Any]]:
     rows = []
     for tokens in TYPICAL_CONTEXTS:
-        decision, _ = plane.decide(tenant, DecideRequest(tool, args, tokens))
+        decision, _ = plane.decide(
+            tenant, RequestFacts(tool=tool, tool_args=args or None, context_tokens=tokens)
+        )
         rows.append(
             {
                 "context_tokens": tokens,

@@ -14,7 +14,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, ttl_pb2
 from controlplane.errors import InvalidInputError
 from controlplane.records import LIMITS, Limits, PinOutcome, ProgramEnd, ToolCall
-from controlplane.service import DecideRequest
+from estimator import RequestFacts
 
 __all__ = [
     "check_name",
@@ -131,30 +131,47 @@ def program_end(request: events_pb2.RecordProgramEndRequest) -> ProgramEnd:
     return ProgramEnd(program, request.total_turns, finished)
 
 
-def decide_request(request: ttl_pb2.DecideTtlRequest, limits: Limits = LIMITS) -> DecideRequest:
+def _tokens(field: str, value: int, limit: int) -> int:
+    if value > limit:
+        raise InvalidInputError(field, f"must be at most {limit}, got {value}")
+    return value
+
+
+def _optional_tokens(request: ttl_pb2.DecideTtlRequest, field: str, limit: int) -> int | None:
+    """A proto3 ``optional`` token count: None when the caller did not set it."""
+    return _tokens(field, getattr(request, field), limit) if request.HasField(field) else None
+
+
+def _optional_duration(
+    request: ttl_pb2.DecideTtlRequest, field: str, limits: Limits
+) -> float | None:
+    return duration_s(field, getattr(request, field), limits) if request.HasField(field) else None
+
+
+def decide_request(request: ttl_pb2.DecideTtlRequest, limits: Limits = LIMITS) -> RequestFacts:
+    """The facts of a ``DecideTtl`` request. Their ``tenant`` and ``share`` are left at
+    the defaults: the service fills them in from the caller's token."""
     check_known("request", request)
-    if request.context_tokens > limits.context_tokens:
+    context = _tokens("context_tokens", request.context_tokens, limits.context_tokens)
+    offloaded = _optional_tokens(request, "offloaded_tokens", limits.context_tokens)
+    if offloaded is not None and offloaded > context:
         raise InvalidInputError(
-            "context_tokens",
-            f"must be at most {limits.context_tokens}, got {request.context_tokens}",
+            "offloaded_tokens", f"must be at most context_tokens ({context}), got {offloaded}"
         )
-    return DecideRequest(
-        tool_name=check_name("tool_name", request.tool_name, "tool_name"),
-        tool_args=check_name("tool_args", request.tool_args, "tool_args", required=False),
-        context_tokens=request.context_tokens,
-        program_id=check_name("program_id", request.program_id, "program_id", required=False),
+    args = check_name("tool_args", request.tool_args, "tool_args", required=False)
+    program = check_name("program_id", request.program_id, "program_id", required=False)
+    return RequestFacts(
+        tool=check_name("tool_name", request.tool_name, "tool_name"),
+        tool_args=args or None,
+        context_tokens=context,
+        program_id=program or None,
         turns_served=request.turns_served,
-        reload_cost_s=(
-            duration_s("reload_cost", request.reload_cost, limits)
-            if request.HasField("reload_cost")
-            else None
-        ),
-        queue_delay_s=(
-            duration_s("queue_delay", request.queue_delay, limits)
-            if request.HasField("queue_delay")
-            else None
-        ),
+        reload_cost_s=_optional_duration(request, "reload_cost", limits),
+        queue_delay_s=_optional_duration(request, "queue_delay", limits),
         offload=request.offload,
+        waiting_tokens=_optional_tokens(request, "waiting_tokens", limits.context_tokens),
+        free_tokens=_optional_tokens(request, "free_tokens", limits.context_tokens),
+        offloaded_tokens=offloaded,
     )
 
 

@@ -84,8 +84,10 @@ def run(window: int = 2000, repeat: int = 25, seed: int = 0, as_json: bool = Fal
     for i, x in enumerate(durations[: 4 * window]):
         tool, args = tools[i % len(tools)]
         models.record_tool_call(tool, args, float(x))
-    hit = RequestFacts("bash", "pytest tests/", context_tokens=20_000)
-    backoff = RequestFacts("bash", "make test", context_tokens=20_000)  # no invocation model
+    hit = RequestFacts(tool="bash", tool_args="pytest tests/", context_tokens=20_000)
+    backoff = RequestFacts(
+        tool="bash", tool_args="make test", context_tokens=20_000
+    )  # no invocation model
     figures["decide_invocation_us"] = _median_us(lambda: policy.decide(hit, models), repeat, 200)
     figures["decide_backoff_us"] = _median_us(lambda: policy.decide(backoff, models), repeat, 200)
     for x in durations[:30]:  # a thin invocation: 30 samples, under K = 100

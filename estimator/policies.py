@@ -24,6 +24,7 @@ from estimator.profiles import HardwareProfile
 from estimator.ttl import best_ttl_mixture, exponential_ttl
 
 __all__ = [
+    "DEFAULT_TTL_CAP_S",
     "POLICIES",
     "CachettlPolicy",
     "ContinuumPolicy",
@@ -39,10 +40,14 @@ __all__ = [
 #: ``basis`` of a decision taken by the exponential cold-start rule.
 COLD_START = "cold-start"
 
+#: The hard TTL cap, seconds: ``cachettl``'s default and the pin controller's
+#: (``enginehook.rules.SchedulingRules.ttl_cap_s``).
+DEFAULT_TTL_CAP_S = 300.0
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestFacts:
-    """What is known about a finished request that called a tool.
+    """What is known about a finished request that called a tool (keyword arguments only).
 
     ``reload_cost_s`` and ``queue_delay_s`` override PrefillReload(r) and T when given.
     ``offload``: the KV also sits in a CPU tier, so rebuilding it is a reload;
@@ -233,7 +238,7 @@ class ContinuumPolicy(TtlPolicy):
     >>> models = get_policy("continuum").new_models(min_samples=3)
     >>> for d in [0.1, 0.2, 0.3, 0.4, 30.0]:
     ...     models.record_tool_call("grep", None, d)
-    >>> facts = RequestFacts("grep", reload_cost_s=1.0, queue_delay_s=0.0)
+    >>> facts = RequestFacts(tool="grep", reload_cost_s=1.0, queue_delay_s=0.0)
     >>> get_policy("continuum").decide(facts, models)
     Decision(ttl_s=0.4, return_probability=0.8, expected_benefit_s=0.4, basis='tool', benefit_s=1.0)
     """
@@ -262,9 +267,11 @@ class CachettlPolicy(TtlPolicy):
     >>> for d in [20.0, 25.0, 30.0]:
     ...     models.record_tool_call("bash", "pytest -x", d)
     >>> policy = get_policy("cachettl", ttl_cap_s=60.0)
-    >>> policy.decide(RequestFacts("bash", "ls src", reload_cost_s=1.0), models).ttl_s
+    >>> ls = RequestFacts(tool="bash", tool_args="ls src", reload_cost_s=1.0)
+    >>> policy.decide(ls, models).ttl_s
     0.1
-    >>> policy.decide(RequestFacts("bash", "pytest", reload_cost_s=1.0), models).ttl_s
+    >>> pytest = RequestFacts(tool="bash", tool_args="pytest", reload_cost_s=1.0)
+    >>> policy.decide(pytest, models).ttl_s
     0.0
     """
 
@@ -273,7 +280,7 @@ class CachettlPolicy(TtlPolicy):
 
     def __init__(
         self,
-        ttl_cap_s: float = 300.0,
+        ttl_cap_s: float = DEFAULT_TTL_CAP_S,
         load_aware: bool = True,
         load_floor: float = 0.25,
         per_program: bool = True,
@@ -335,7 +342,7 @@ class FixedTtlPolicy(TtlPolicy):
     With ``skip_slow_tools``, a tool whose running mean exceeds the TTL is not pinned,
     as in that code.
 
-    >>> get_policy("fixed", ttl_s=2.0).decide(RequestFacts("ls"), Models.for_profile()).ttl_s
+    >>> get_policy("fixed", ttl_s=2.0).decide(RequestFacts(tool="ls"), Models.for_profile()).ttl_s
     2.0
     """
 
@@ -357,7 +364,7 @@ class FixedTtlPolicy(TtlPolicy):
 class NoPinPolicy(TtlPolicy):
     """Never pin: the engines' end-of-turn release.
 
-    >>> get_policy("none").decide(RequestFacts("ls"), Models.for_profile()).ttl_s
+    >>> get_policy("none").decide(RequestFacts(tool="ls"), Models.for_profile()).ttl_s
     0.0
     """
 

@@ -154,3 +154,33 @@ def test_overload_answers_resource_exhausted(setup) -> None:
         finally:
             for stream in streams:
                 stream.cancel()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"waiting_tokens": 10**10}, "waiting_tokens: must be at most 1000000000, got 10000000000"),
+        ({"free_tokens": 10**9 + 1}, "free_tokens: must be at most 1000000000, got 1000000001"),
+        (
+            {"context_tokens": 100, "offloaded_tokens": 101},
+            "offloaded_tokens: must be at most context_tokens (100), got 101",
+        ),
+    ],
+)
+def test_bad_load_signals_name_the_field(setup, fields: dict[str, int], message: str) -> None:
+    server, token, _ = setup
+    request = ttl_pb2.DecideTtlRequest(tool_name="ls", **fields)
+    with grpc.insecure_channel(server.target) as channel:
+        stub = ttl_pb2_grpc.TtlServiceStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.RpcError) as error:
+            stub.DecideTtl(request, metadata=(("authorization", f"Bearer {token}"),), timeout=5)
+    assert _code(error) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def test_client_refuses_bad_load_signals_before_sending(setup) -> None:
+    server, token, _ = setup
+    with ControlPlaneClient(server.target, token) as client:
+        with pytest.raises(ValueError, match="free_tokens must be >= 0, got -1"):
+            client.decide_ttl("ls", waiting_tokens=10, free_tokens=-1)
+        with pytest.raises(ValueError, match=r"waiting_tokens must be an integer, got 1\.5"):
+            client.decide_ttl("ls", waiting_tokens=1.5)  # type: ignore[arg-type]

@@ -225,7 +225,7 @@ def test_load_signals_count_waiting_demand_less_pinned_blocks(driver, clock):
     assert free + 500 < early < expected
     policy = CachettlPolicy()
     facts = [
-        RequestFacts("bash", context_tokens=500, waiting_tokens=w, free_tokens=free)
+        RequestFacts(tool="bash", context_tokens=500, waiting_tokens=w, free_tokens=free)
         for w in (early, expected)
     ]
     assert [policy.pressure(f) for f in facts] == [1.0, 1.0]

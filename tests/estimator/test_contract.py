@@ -66,7 +66,7 @@ def _ask_models(models: Models) -> Any:
     from estimator import RequestFacts
 
     decision = get_policy("cachettl").decide(
-        RequestFacts("bash", "ls", context_tokens=8000, tenant="t"), models
+        RequestFacts(tool="bash", tool_args="ls", context_tokens=8000, tenant="t"), models
     )
     stats = models.workload("t")
     return (decision, stats.eta.get(), stats.queue.get(), stats.remaining.expected_remaining(3))

@@ -114,14 +114,16 @@ def test_continuum_equals_optimal_ttl_over_the_tool_window() -> None:
     for x in rng.lognormal(2, 1, size=50):
         models.record_tool_call("pytest", None, float(x))
     policy = get_policy("continuum")
-    decision = policy.decide(RequestFacts("grep", reload_cost_s=1.5, queue_delay_s=3.0), models)
+    decision = policy.decide(
+        RequestFacts(tool="grep", reload_cost_s=1.5, queue_delay_s=3.0), models
+    )
     # η is 0 before any program ends: B = PrefillReload.
     assert decision.basis == "tool"
     assert decision.benefit_s == 1.5
     assert decision.ttl_s == optimal_ttl(durations, 1.5)
     # pytest has ≤ K samples: the CDF pooled over all tools.
     pooled = np.concatenate([durations, []])
-    decision = policy.decide(RequestFacts("pytest", reload_cost_s=1.5), models)
+    decision = policy.decide(RequestFacts(tool="pytest", reload_cost_s=1.5), models)
     assert decision.basis == "all-tools"
     all_samples = models.durations.model(Level.TENANT).recent_samples()  # type: ignore[union-attr]
     assert decision.ttl_s == optimal_ttl(all_samples, 1.5)
@@ -133,25 +135,25 @@ def test_continuum_cold_start_is_log_of_benefit() -> None:
     for n in (5, 5, 5):
         models.record_program_end(n)  # fixed length: η = 1
     models.record_queue_delay(2.0)
-    facts = RequestFacts("ls", reload_cost_s=1.0)
+    facts = RequestFacts(tool="ls", reload_cost_s=1.0)
     decision = get_policy("continuum").decide(facts, models)
     assert decision.basis == "cold-start"
     assert decision.benefit_s == pytest.approx(3.0)  # T·η + PrefillReload
     assert decision.ttl_s == pytest.approx(math.log(3.0))
     assert decision.return_probability == pytest.approx(1 - 1 / 3)
     small = get_policy("continuum").decide(
-        RequestFacts("ls", reload_cost_s=0.5), _models("continuum")
+        RequestFacts(tool="ls", reload_cost_s=0.5), _models("continuum")
     )
     assert (small.ttl_s, small.basis) == (0.0, "cold-start")
 
 
 def test_benefit_uses_the_cost_model_when_not_overridden() -> None:
     models = _models("continuum")
-    facts = RequestFacts("ls", context_tokens=32_000)
+    facts = RequestFacts(tool="ls", context_tokens=32_000)
     decision = get_policy("continuum").decide(facts, models)
     assert decision.benefit_s == pytest.approx(models.cost.prefill_s(32_000))
     offload = get_policy("continuum").decide(
-        RequestFacts("ls", context_tokens=32_000, offload=True), models
+        RequestFacts(tool="ls", context_tokens=32_000, offload=True), models
     )
     assert offload.benefit_s == pytest.approx(models.cost.reload_s(32_000))
 
@@ -162,20 +164,26 @@ def test_cachettl_separates_invocations_and_caps() -> None:
         models.record_tool_call("bash", "ls -la", 0.05)
         models.record_tool_call("bash", "pytest -x", 40.0)
     policy = get_policy("cachettl", ttl_cap_s=30.0)
-    facts = {"reload_cost_s": 2.0, "queue_delay_s": 0.0}
-    ls = policy.decide(RequestFacts("bash", "ls", **facts), models)  # type: ignore[arg-type]
+    ls = policy.decide(
+        RequestFacts(tool="bash", tool_args="ls", reload_cost_s=2.0, queue_delay_s=0.0), models
+    )
     assert (ls.ttl_s, ls.basis, ls.return_probability) == (0.05, "invocation", 1.0)
-    test = policy.decide(RequestFacts("bash", "pytest", **facts), models)  # type: ignore[arg-type]
+    pytest_facts = RequestFacts(
+        tool="bash", tool_args="pytest", reload_cost_s=2.0, queue_delay_s=0.0
+    )
+    test = policy.decide(pytest_facts, models)
     assert (test.ttl_s, test.basis) == (0.0, "invocation")
     # The paper's policy sees one `bash` tool: half its calls return within 0.05 s.
-    paper = get_policy("continuum").decide(RequestFacts("bash", "ls", **facts), models)  # type: ignore[arg-type]
+    paper = get_policy("continuum").decide(
+        RequestFacts(tool="bash", tool_args="ls", reload_cost_s=2.0, queue_delay_s=0.0), models
+    )
     assert (paper.basis, paper.return_probability) == ("tool", 0.5)
     # The cap binds even where the optimum is larger.
     for _ in range(150):
         models.record_tool_call("bash", "make", 60.0)
-    big = policy.decide(RequestFacts("bash", "make", reload_cost_s=1000.0), models)
+    big = policy.decide(RequestFacts(tool="bash", tool_args="make", reload_cost_s=1000.0), models)
     assert big.ttl_s == 0.0  # 60 s > cap: the only capped candidate is 0
-    cold = policy.decide(RequestFacts("new", reload_cost_s=1e30), _models("cachettl"))
+    cold = policy.decide(RequestFacts(tool="new", reload_cost_s=1e30), _models("cachettl"))
     assert cold.ttl_s == 30.0
     assert cold.basis == "cold-start"
 
@@ -185,9 +193,9 @@ def test_cachettl_uses_shared_priors_only_for_sharing_tenants() -> None:
     for _ in range(20):
         models.record_tool_call("fetch", None, 0.2, tenant="veteran", share=True)
     policy = get_policy("cachettl")
-    newcomer = RequestFacts("fetch", tenant="new", reload_cost_s=1.0, share=True)
+    newcomer = RequestFacts(tool="fetch", tenant="new", reload_cost_s=1.0, share=True)
     assert policy.decide(newcomer, models).basis == "shared"
-    loner = RequestFacts("fetch", tenant="new", reload_cost_s=1.0, share=False)
+    loner = RequestFacts(tool="fetch", tenant="new", reload_cost_s=1.0, share=False)
     assert policy.decide(loner, models).basis == "cold-start"
 
 
@@ -197,8 +205,8 @@ def test_registry_lists_names_and_fixed_policy() -> None:
     for _ in range(3):
         models.record_tool_call("slow", None, 10.0)
     fixed = get_policy("fixed", ttl_s=2.0)
-    assert fixed.decide(RequestFacts("slow"), models).ttl_s == 0.0  # mean > TTL: skipped
-    assert fixed.decide(RequestFacts("fast"), models).ttl_s == 2.0
+    assert fixed.decide(RequestFacts(tool="slow"), models).ttl_s == 0.0  # mean > TTL: skipped
+    assert fixed.decide(RequestFacts(tool="fast"), models).ttl_s == 2.0
     with pytest.raises(ValueError, match="unknown TTL policy 'x'; valid: cachettl, continuum"):
         get_policy("x")
 
@@ -215,6 +223,15 @@ def test_registry_lists_names_and_fixed_policy() -> None:
 def test_bad_facts(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RequestFacts(**kwargs)  # type: ignore[arg-type]
+
+
+def test_facts_are_keyword_only() -> None:
+    """Thirteen fields of which many are ints or optional floats: a positional call could
+    silently shift one into the next, so the constructor refuses positions."""
+    with pytest.raises(TypeError, match="positional"):
+        RequestFacts("bash", "ls")  # type: ignore[call-arg]
+    facts = RequestFacts(tool="bash", waiting_tokens=3, free_tokens=4, offloaded_tokens=5)
+    assert (facts.waiting_tokens, facts.free_tokens, facts.offloaded_tokens) == (3, 4, 5)
 
 
 def test_load_aware_pressure_scales_the_cost_of_holding() -> None:
@@ -244,8 +261,8 @@ def test_per_program_eta_follows_progress() -> None:
     for _ in range(20):
         models.record_program_end(10)
     policy = get_policy("cachettl")  # per_program is the default
-    early = RequestFacts("ls", turns_served=1)
-    late = RequestFacts("ls", turns_served=9)
+    early = RequestFacts(tool="ls", turns_served=1)
+    late = RequestFacts(tool="ls", turns_served=9)
     assert policy.eta(early, models) == pytest.approx(0.1)
     assert policy.eta(late, models) == pytest.approx(0.9)
     global_eta = get_policy("cachettl", per_program=False)
@@ -278,7 +295,9 @@ def _bash_models(fast_samples: int) -> Models:
 
 def test_blended_back_off_lets_a_few_own_samples_count() -> None:
     models = _bash_models(10)  # 10 fast calls: too few for the invocation level alone
-    facts = RequestFacts("bash", "cat README.md", reload_cost_s=0.5, queue_delay_s=0.0)
+    facts = RequestFacts(
+        tool="bash", tool_args="cat README.md", reload_cost_s=0.5, queue_delay_s=0.0
+    )
     paper = get_policy("cachettl").decide(facts, models)
     assert (paper.ttl_s, paper.basis) == (0.0, "tool")  # bash is slow: no pin
     blended = get_policy("cachettl", prior_samples=20.0).decide(facts, models)
@@ -292,7 +311,9 @@ def test_blended_back_off_lets_a_few_own_samples_count() -> None:
 
 def test_blending_changes_nothing_once_a_level_has_enough_samples() -> None:
     models = _bash_models(101)
-    facts = RequestFacts("bash", "cat README.md", reload_cost_s=0.5, queue_delay_s=0.0)
+    facts = RequestFacts(
+        tool="bash", tool_args="cat README.md", reload_cost_s=0.5, queue_delay_s=0.0
+    )
     paper = get_policy("cachettl").decide(facts, models)
     blended = get_policy("cachettl", prior_samples=20.0).decide(facts, models)
     assert paper == blended
@@ -303,7 +324,7 @@ def test_blending_with_the_cold_start_law() -> None:
     models = get_policy("cachettl").new_models(min_samples=100)
     for _ in range(5):
         models.record_tool_call("bash", "make", 3.0)
-    facts = RequestFacts("bash", "make all", reload_cost_s=10.0, queue_delay_s=0.0)
+    facts = RequestFacts(tool="bash", tool_args="make all", reload_cost_s=10.0, queue_delay_s=0.0)
     cold = get_policy("cachettl").decide(facts, models)
     assert cold.basis == "cold-start"
     assert cold.ttl_s == pytest.approx(math.log(10.0))  # Exp(1 s): 2.30 s, misses 3 s

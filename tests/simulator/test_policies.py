@@ -63,7 +63,7 @@ def test_infercept_ttl_is_the_discard_waste_break_even():
     policy = get_scheduling_policy("infercept")
     policy.bind(HW, False, frozenset)
     policy.other_context = lambda: 30_000
-    facts = RequestFacts("bash", "ls", context_tokens=10_000)
+    facts = RequestFacts(tool="bash", tool_args="ls", context_tokens=10_000)
     assert policy.models is not None
     forward = policy.models.cost.prefill_s(10_000)
     assert policy.decide(facts, 1.0, 0.0).ttl_s == pytest.approx(forward * 4.0)
@@ -72,7 +72,7 @@ def test_infercept_ttl_is_the_discard_waste_break_even():
 def test_oracle_pins_exactly_when_it_pays():
     policy = get_scheduling_policy("oracle")
     policy.bind(HW, False, frozenset)
-    facts = RequestFacts("bash", "ls", context_tokens=60_000)
+    facts = RequestFacts(tool="bash", tool_args="ls", context_tokens=60_000)
     assert policy.decide(facts, 0.1, 0.0).ttl_s == pytest.approx(0.1, abs=1e-5)
     assert policy.decide(facts, 600.0, 0.0).ttl_s == 0.0
 
@@ -145,7 +145,9 @@ def test_tool_keys_follow_the_paper_for_continuum_and_the_hook_for_cachettl():
     key = continuum.tool_key("bash", "cd /testbed && grep -n x y.py")
     assert key == "cd"
     assert continuum.models is not None
-    decision = continuum.decide(RequestFacts(key, "cd /testbed && grep x", 30_000), 0.0, 0.0)
+    decision = continuum.decide(
+        RequestFacts(tool=key, tool_args="cd /testbed && grep x", context_tokens=30_000), 0.0, 0.0
+    )
     assert decision.basis == "tool"  # cd has > 100 samples: its own CDF, not the pooled one
     ours = get_scheduling_policy("cachettl")
     Simulation(programs, ours, HW, EngineConfig(kv_tokens=300_000)).run()

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DecideTtlRequest(_message.Message):
-    __slots__ = ("program_id", "tool_name", "tool_args", "context_tokens", "reload_cost", "queue_delay", "turns_served", "offload")
+    __slots__ = ("program_id", "tool_name", "tool_args", "context_tokens", "reload_cost", "queue_delay", "turns_served", "offload", "waiting_tokens", "free_tokens", "offloaded_tokens")
     PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     TOOL_ARGS_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,9 @@ class DecideTtlRequest(_message.Message):
     QUEUE_DELAY_FIELD_NUMBER: _ClassVar[int]
     TURNS_SERVED_FIELD_NUMBER: _ClassVar[int]
     OFFLOAD_FIELD_NUMBER: _ClassVar[int]
+    WAITING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OFFLOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     program_id: str
     tool_name: str
     tool_args: str
@@ -26,7 +29,10 @@ class DecideTtlRequest(_message.Message):
     queue_delay: _duration_pb2.Duration
     turns_served: int
     offload: bool
-    def __init__(self, program_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., tool_args: _Optional[str] = ..., context_tokens: _Optional[int] = ..., reload_cost: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., queue_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., turns_served: _Optional[int] = ..., offload: _Optional[bool] = ...) -> None: ...
+    waiting_tokens: int
+    free_tokens: int
+    offloaded_tokens: int
+    def __init__(self, program_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., tool_args: _Optional[str] = ..., context_tokens: _Optional[int] = ..., reload_cost: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., queue_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., turns_served: _Optional[int] = ..., offload: _Optional[bool] = ..., waiting_tokens: _Optional[int] = ..., free_tokens: _Optional[int] = ..., offloaded_tokens: _Optional[int] = ...) -> None: ...
 
 class DecideTtlResponse(_message.Message):
     __slots__ = ("ttl", "return_probability", "expected_benefit", "basis", "model_version", "benefit")
