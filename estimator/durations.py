@@ -23,6 +23,9 @@ __all__ = ["DurationModel"]
 
 #: Durations below this are logged as this (log of 0 is undefined); 1 µs.
 LOG_FLOOR_S = 1e-6
+#: Samples a new model has room for; the buffers double as samples arrive, up to the
+#: window (so a key seen once costs about 1 KiB, not ``16 × window`` bytes).
+INITIAL_CAPACITY = 16
 
 
 class DurationModel(Estimator):
@@ -66,8 +69,11 @@ class DurationModel(Estimator):
         self.forget_on_drift = forget_on_drift
         self.drift_delta = drift_delta
         self.summary_bins = summary_bins
-        self._sorted = np.zeros(window, dtype=np.float64)
-        self._ring = np.zeros(window, dtype=np.float64)  # arrival order, oldest at _head
+        capacity = min(window, INITIAL_CAPACITY)
+        self._sorted = np.zeros(capacity, dtype=np.float64)
+        # Arrival order, oldest at _head; _head is 0 until the window is full (it moves only
+        # in _replace_oldest), so a buffer shorter than the window is filled from index 0.
+        self._ring = np.zeros(capacity, dtype=np.float64)
         self._head = 0
         self._n = 0
         self._seen = 0
@@ -96,12 +102,23 @@ class DurationModel(Estimator):
         if self.forget_on_drift and self._adwin.width < self._n:
             self._keep_newest(int(self._adwin.width))
 
+    def _grow(self) -> None:
+        """Double the buffers (up to the window); only called while not full, _head = 0."""
+        capacity = min(self.window, 2 * self._sorted.shape[0])
+        for name in ("_sorted", "_ring"):
+            old = getattr(self, name)
+            new = np.zeros(capacity, dtype=np.float64)
+            new[: self._n] = old[: self._n]
+            setattr(self, name, new)
+
     def _insert(self, x: float) -> None:
+        if self._n == self._sorted.shape[0]:
+            self._grow()
         n, buf = self._n, self._sorted
         i = int(buf[:n].searchsorted(x, "right"))
         buf[i + 1 : n + 1] = buf[i:n]
         buf[i] = x
-        self._ring[(self._head + n) % self.window] = x
+        self._ring[(self._head + n) % self._ring.shape[0]] = x
         self._n = n + 1
 
     def _replace_oldest(self, x: float) -> None:
@@ -130,7 +147,7 @@ class DurationModel(Estimator):
             self._summary.update(math.log(max(float(value), LOG_FLOOR_S)))
 
     def _arrival_order(self) -> FloatArray:
-        idx = (self._head + np.arange(self._n)) % self.window
+        idx = (self._head + np.arange(self._n)) % self._ring.shape[0]
         ordered: FloatArray = self._ring[idx]
         return ordered
 
@@ -209,9 +226,10 @@ class DurationModel(Estimator):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         live = self._ring
-        self._ring = np.zeros(self.window, dtype=np.float64)
+        capacity = min(self.window, max(self._n, INITIAL_CAPACITY))
+        self._ring = np.zeros(capacity, dtype=np.float64)
         self._ring[: self._n] = live
-        self._sorted = np.zeros(self.window, dtype=np.float64)
+        self._sorted = np.zeros(capacity, dtype=np.float64)
         self._sorted[: self._n] = np.sort(live)
         self._ranks = np.empty(0, dtype=np.float64)
 

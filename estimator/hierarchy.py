@@ -17,7 +17,18 @@ from estimator.base import Estimator
 from estimator.durations import DurationModel
 from estimator.signatures import SignatureRegistry
 
-__all__ = ["Chain", "DurationHierarchy", "Level", "Lookup"]
+__all__ = ["Chain", "DurationHierarchy", "Level", "Lookup", "NameLimitError"]
+
+
+class NameLimitError(ValueError):
+    """Learning a call would give its tenant more distinct tool names (``what`` =
+    ``"tool names"``) or argument signatures (``"signatures"``) than the hierarchy allows."""
+
+    def __init__(self, what: str, tenant: str, limit: int) -> None:
+        super().__init__(f"tenant {tenant!r} already has {limit} distinct {what}, the limit")
+        self.what = what
+        self.tenant = tenant
+        self.limit = limit
 
 
 class Level(StrEnum):
@@ -82,6 +93,8 @@ class DurationHierarchy(Estimator):
         window: int = 2000,
         forget_on_drift: bool = True,
         signatures: SignatureRegistry | None = None,
+        max_tools: int | None = None,
+        max_signatures: int | None = None,
     ) -> None:
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 0:
             raise ValueError(f"min_samples must be an integer >= 0, got {min_samples!r}")
@@ -89,15 +102,62 @@ class DurationHierarchy(Estimator):
         self.window = window
         self.forget_on_drift = forget_on_drift
         self.signatures = signatures if signatures is not None else SignatureRegistry()
+        #: Bounds per tenant on distinct tool names and (tool, signature) pairs (None: none).
+        self.max_tools = max_tools
+        self.max_signatures = max_signatures
         self._prototype = DurationModel(window=window, forget_on_drift=forget_on_drift)
         self._models: dict[_Key, DurationModel] = {}
         self._tenant_totals: dict[str, int] = {}
+        self._names: dict[str, list[int]] = {}  # tenant -> [tool names, signatures]
 
     def _model(self, key: _Key) -> DurationModel:
         model = self._models.get(key)
         if model is None:
             model = self._models[key] = self._prototype.clone()
+            self._count_new(key)
         return model
+
+    def _count_new(self, key: _Key) -> None:
+        scope, tool, signature = key
+        if scope.startswith("t:") and tool:
+            counts = self._names.setdefault(scope[2:], [0, 0])
+            counts[1 if signature else 0] += 1
+
+    def name_counts(self, tenant: str) -> tuple[int, int]:
+        """``(distinct tool names, distinct (tool, signature) pairs)`` learned for ``tenant``."""
+        tools, signatures = self._names.get(tenant, (0, 0))
+        return tools, signatures
+
+    def knows(self, tool: str, signature: str = "", tenant: str = "default") -> bool:
+        """Whether ``tenant`` has a model of ``tool`` (of that invocation, with a signature)."""
+        return (f"t:{tenant}", tool, signature) in self._models
+
+    def check_room(self, tool: str, signature: str, tenant: str) -> None:
+        """Raise ``NameLimitError`` if learning this call would pass a bound on names."""
+        tools, signatures = self.name_counts(tenant)
+        if (
+            self.max_tools is not None
+            and tools >= self.max_tools
+            and not self.knows(tool, "", tenant)
+        ):
+            raise NameLimitError("tool names", tenant, self.max_tools)
+        if (
+            signature
+            and self.max_signatures is not None
+            and signatures >= self.max_signatures
+            and not self.knows(tool, signature, tenant)
+        ):
+            raise NameLimitError("signatures", tenant, self.max_signatures)
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        # Pickles written before the bounds existed: unbounded, names counted from the keys.
+        state.setdefault("max_tools", None)
+        state.setdefault("max_signatures", None)
+        self.__dict__.update(state)
+        if "_names" not in state:
+            self._names = {}
+            for key in self._models:
+                self._count_new(key)
 
     def update(
         self,
@@ -107,11 +167,17 @@ class DurationHierarchy(Estimator):
         tenant: str = "default",
         share: bool = False,
     ) -> None:
-        """Learn one tool call of ``tenant``; ``share`` also feeds the cross-tenant model."""
+        """Learn one tool call of ``tenant``; ``share`` also feeds the cross-tenant model.
+
+        Raises ``NameLimitError`` (having changed nothing) when the call would give the
+        tenant more distinct tool names or signatures than ``max_tools`` /
+        ``max_signatures``.
+        """
         if not tool:
             raise ValueError("tool must be a non-empty string")
         duration_s = check_duration("duration_s", duration_s)  # nothing half-updated
         signature = self.signatures.signature(tool, args)
+        self.check_room(tool, signature, tenant)
         levels = [Level.TENANT, Level.TOOL]
         if signature:
             levels.append(Level.INVOCATION)
@@ -149,6 +215,8 @@ class DurationHierarchy(Estimator):
         for value in samples:
             model.update(value)
             count += 1
+        if key not in self._models:
+            self._count_new(key)
         self._models[key] = model
         if level is Level.TENANT:
             self._tenant_totals[tenant] = count if n_seen is None else n_seen
