@@ -28,7 +28,7 @@ from sqlalchemy import (
 __all__ = ["HEAD_REVISION", "metadata", "program_ends", "snapshots", "tenants", "tool_events"]
 
 #: The Alembic revision this code expects.
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 
 #: BIGINT on PostgreSQL; INTEGER (an alias of the rowid, so autoincrementing) on SQLite.
 _SEQ = BigInteger().with_variant(Integer(), "sqlite")
@@ -57,7 +57,7 @@ tool_events = Table(
     Column("tool_args", Text, nullable=False),
     Column("duration_s", Float, nullable=False),
     Column("finished_at", Float, nullable=True),
-    Column("turn_index", Integer, nullable=False),
+    Column("turn_index", BigInteger, nullable=False),  # the wire's uint32
     Column("shared", Boolean, nullable=False),
     Column("received_at", Float, nullable=False),
     Column("chosen_ttl_s", Float, nullable=True),

@@ -17,9 +17,14 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, SQLAlchemyError
 
-from controlplane.errors import StorageError, TenantExistsError, TenantNotFoundError
+from controlplane.errors import (
+    InvalidInputError,
+    StorageError,
+    TenantExistsError,
+    TenantNotFoundError,
+)
 from controlplane.migrate import check_schema
 from controlplane.records import (
     AppendResult,
@@ -90,8 +95,10 @@ def make_engine(url: str) -> Engine:
 def transaction(engine: Engine, write: bool = False) -> Iterator[Connection]:
     """One transaction: commits on success, rolls back on error, always closes.
 
-    Driver errors come out as ``StorageError``; the body's own exceptions pass through.
-    On PostgreSQL a write transaction first takes the log's advisory lock.
+    Driver errors come out as ``StorageError``, except a value the database cannot hold
+    (out of range, too long, ...): that is the request's fault, never worth a retry, and
+    comes out as ``InvalidInputError``. The body's own exceptions pass through. On
+    PostgreSQL a write transaction first takes the log's advisory lock.
     """
     try:
         with engine.connect() as connection:
@@ -101,6 +108,10 @@ def transaction(engine: Engine, write: bool = False) -> Iterator[Connection]:
                 if write and engine.dialect.name == "postgresql":
                     connection.execute(select(func.pg_advisory_xact_lock(_LOG_LOCK)))
                 yield connection
+    except (DataError, OverflowError) as error:  # OverflowError: sqlite3 and huge ints
+        original = getattr(error, "orig", None) or error
+        message = f"holds a value the database cannot store: {original}"
+        raise InvalidInputError("request", message) from error
     except SQLAlchemyError as error:
         original = getattr(error, "orig", None)
         raise StorageError(f"database error: {original or error}") from error
@@ -136,7 +147,7 @@ _ARRAY_COLUMNS = {
     "tool_args": "TEXT",
     "duration_s": "FLOAT8",
     "finished_at": "FLOAT8",
-    "turn_index": "INTEGER",
+    "turn_index": "BIGINT",
     "chosen_ttl_s": "FLOAT8",
     "pin_outcome": "SMALLINT",
     "admission_delay_s": "FLOAT8",

@@ -6,7 +6,8 @@ each of them.
 
 Thread safety: every method may be called from any thread, concurrently.
 
-Errors: a method raises ``StorageError`` when the database fails, ``TenantExistsError`` /
+Errors: a method raises ``StorageError`` when the database fails, ``InvalidInputError``
+when a value is one the database cannot hold (never worth a retry), ``TenantExistsError`` /
 ``TenantNotFoundError`` as documented below, and nothing else. A method that raises has
 changed nothing.
 

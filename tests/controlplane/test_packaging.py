@@ -32,6 +32,7 @@ def test_wheel_carries_and_uses_package_data(tmp_path: Path) -> None:
         "controlplane/migrations/env.py",
         "controlplane/migrations/script.py.mako",
         "controlplane/migrations/versions/0002_pins_and_snapshots.py",
+        "controlplane/migrations/versions/0003_wide_turn_index.py",
         "controlplane/proto/cachettl/v1/events.proto",
         "controlplane/_gen/cachettl/v1/events_pb2.pyi",
     ):
@@ -56,4 +57,4 @@ def test_wheel_carries_and_uses_package_data(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "schema empty -> 0002"
+    assert result.stdout.strip() == "schema empty -> 0003"
