@@ -39,13 +39,64 @@ LIMITS = Limits()
 
 
 class PinOutcome(IntEnum):
-    """What happened to a pin (the proto enum's numbers)."""
+    """What became of the KV cache of an LLM turn that called a tool.
 
+    The one vocabulary of a pin's outcome: the engine hook's tracker
+    (``enginehook.tracker.ToolCallEvent.outcome``), the simulator, the store and the wire
+    (the numbers are those of the proto enum ``cachettl.v1.PinOutcome``).
+
+    >>> PinOutcome.parse("hit"), PinOutcome.parse(2)
+    (<PinOutcome.HIT: 1>, <PinOutcome.EXPIRED: 2>)
+    >>> PinOutcome.parse("pressure").label
+    'released_under_pressure'
+    >>> [o.label for o in PinOutcome if o.feeds_queue_delay]
+    ['expired', 'released_under_pressure', 'not_pinned']
+    """
+
+    #: Not known: the pin ended for a reason that is no outcome (its program ended, it was
+    #: replaced, the engine shut down), or it was gone at admission with no release seen.
     UNSPECIFIED = 0
+    #: The program came back while its cache was still pinned.
     HIT = 1
+    #: The TTL ran out before the program came back.
     EXPIRED = 2
+    #: Released early because the engine ran short of KV memory (or of its pin budget).
     RELEASED_UNDER_PRESSURE = 3
+    #: The policy chose not to pin (TTL 0), or the pin was refused.
     NOT_PINNED = 4
+
+    @property
+    def label(self) -> str:
+        """The outcome's name in JSON (event logs, spill files): ``"hit"``, ``"expired"``..."""
+        return self.name.lower()
+
+    @property
+    def feeds_queue_delay(self) -> bool:
+        """Whether the next turn's admission delay is a sample of T: its cache had been
+        released by a known cause (expired, under pressure, not pinned)."""
+        return self in _QUEUE_DELAY_OUTCOMES
+
+    @classmethod
+    def parse(cls, value: int | str) -> PinOutcome:
+        """An outcome from its number or label (also the labels of earlier releases,
+        ``"pressure"`` and ``"other"``, found in old spill files); the error names it."""
+        if isinstance(value, str):
+            key = _LEGACY_LABELS.get(value, value)
+            try:
+                return cls[key.upper()]
+            except KeyError:
+                valid = ", ".join(o.label for o in cls)
+                raise ValueError(f"unknown pin outcome {value!r}; valid: {valid}") from None
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown pin outcome number {value!r}") from None
+
+
+_QUEUE_DELAY_OUTCOMES = frozenset(
+    {PinOutcome.EXPIRED, PinOutcome.RELEASED_UNDER_PRESSURE, PinOutcome.NOT_PINNED}
+)
+_LEGACY_LABELS = {"pressure": "released_under_pressure", "other": "unspecified"}
 
 
 @dataclass(frozen=True, slots=True)

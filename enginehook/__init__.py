@@ -7,7 +7,7 @@ live in :mod:`enginehook.scheduler` (imports vLLM) and are loaded by vLLM with
 """
 
 from enginehook.decide import TtlDecider
-from enginehook.detect import ToolCall, detect_tool_call
+from enginehook.detect import DetectedCall, detect_tool_call
 from enginehook.hints import Hints
 from enginehook.pins import Pin, PinResult, PinTable, ReleaseReason
 from enginehook.pressure import PressureRule, choose_victims, may_release
@@ -15,6 +15,7 @@ from enginehook.priority import ProgramArrivals, SortedWaitQueue, priority_key
 from enginehook.tracker import PinOutcome, ProgramEndEvent, ToolCallEvent, ToolCallTracker
 
 __all__ = [
+    "DetectedCall",
     "Hints",
     "Pin",
     "PinOutcome",
@@ -25,7 +26,6 @@ __all__ = [
     "ProgramEndEvent",
     "ReleaseReason",
     "SortedWaitQueue",
-    "ToolCall",
     "ToolCallEvent",
     "ToolCallTracker",
     "TtlDecider",

@@ -7,6 +7,9 @@ local disk) and returns. A sender thread delivers batches through a :class:`Tran
 plane is down; an event leaves the buffer only once the server acknowledged it, and the
 server drops repeats by event id, so delivery has no loss and no duplicates. A watcher
 thread follows ``WatchSnapshots`` and installs each snapshot in the engine's decider.
+
+:func:`to_tool_call` and :func:`to_program_end` are the one conversion of the hook's events
+to the control plane's records; the simulator's demo reports through them too.
 """
 
 from __future__ import annotations
@@ -20,14 +23,22 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from controlplane.records import ProgramEnd, ToolCall
 from enginehook.snapshot import SnapshotData, models_from_snapshot
-from enginehook.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.tracker import ProgramEndEvent, ToolCallEvent, event_from_record, event_record
 
 if TYPE_CHECKING:
     from enginehook.config import HookConfig
     from enginehook.decide import TtlDecider
 
-__all__ = ["ControlPlaneLink", "EventBuffer", "PermanentError", "Transport"]
+__all__ = [
+    "ControlPlaneLink",
+    "EventBuffer",
+    "PermanentError",
+    "Transport",
+    "to_program_end",
+    "to_tool_call",
+]
 
 logger = logging.getLogger("enginehook.cplink")
 
@@ -50,10 +61,34 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+def to_tool_call(event: ToolCallEvent) -> ToolCall:
+    """The control plane's record of a hook's tool-call event (``RecordToolCalls``).
+
+    Every field travels but ``tenant`` (the server takes it from the token) and ``basis``.
+    The admission delay is sent whatever the outcome: the server, like the hook's own
+    learner, counts it as a sample of T only when ``PinOutcome.feeds_queue_delay``.
+    """
+    return ToolCall(
+        event_id=event.event_id,
+        program_id=event.program_id,
+        tool_name=event.tool_name,
+        tool_args=event.tool_args or "",
+        duration_s=event.duration_s,
+        finished_at=event.finished_at,
+        turn_index=event.turn_index,
+        chosen_ttl_s=event.ttl_s,
+        pin_outcome=event.outcome,
+        admission_delay_s=event.admission_delay_s,
+    )
+
+
+def to_program_end(event: ProgramEndEvent) -> ProgramEnd:
+    """The control plane's record of a hook's program end (``RecordProgramEnd``)."""
+    return ProgramEnd(event.program_id, event.total_turns, event.ended_at)
+
+
 def _to_json(event: Event) -> str:
-    kind = "tool_call" if isinstance(event, ToolCallEvent) else "program_end"
-    fields = {s: getattr(event, s) for s in type(event).__slots__}
-    return json.dumps({"kind": kind, **fields})
+    return json.dumps(event_record(event))
 
 
 def _count_lines(path: Path) -> int:
@@ -62,9 +97,7 @@ def _count_lines(path: Path) -> int:
 
 
 def _from_json(line: str) -> Event:
-    data = json.loads(line)
-    kind = data.pop("kind")
-    return ToolCallEvent(**data) if kind == "tool_call" else ProgramEndEvent(**data)
+    return event_from_record(json.loads(line))
 
 
 class EventBuffer:
@@ -329,38 +362,16 @@ class GrpcTransport:
             raise PermanentError(str(exc.details())) from exc
 
     def send_tool_calls(self, events: Sequence[ToolCallEvent]) -> None:
-        from controlplane.client import PinOutcome, ToolCall
-
-        outcomes = {
-            "hit": PinOutcome.HIT,
-            "expired": PinOutcome.EXPIRED,
-            "pressure": PinOutcome.RELEASED_UNDER_PRESSURE,
-            "not_pinned": PinOutcome.NOT_PINNED,
-        }
-        calls = [
-            ToolCall(
-                event_id=e.event_id,
-                program_id=e.program_id,
-                tool_name=e.tool_name,
-                tool_args=e.tool_args or "",
-                duration_s=e.duration_s,
-                finished_at=e.finished_at,
-                turn_index=e.turn_index,
-                chosen_ttl_s=e.ttl_s,
-                pin_outcome=outcomes.get(e.outcome, PinOutcome.UNSPECIFIED),
-                admission_delay_s=e.admission_delay_s,
-            )
-            for e in events
-        ]
         try:
-            self._client.record_tool_calls(calls)
+            self._client.record_tool_calls([to_tool_call(e) for e in events])
         except Exception as exc:
             self._check(exc)
             raise
 
     def send_program_end(self, event: ProgramEndEvent) -> None:
+        end = to_program_end(event)
         try:
-            self._client.record_program_end(event.program_id, event.total_turns, event.ended_at)
+            self._client.record_program_end(end.program_id, end.total_turns, end.finished_at)
         except Exception as exc:
             self._check(exc)
             raise

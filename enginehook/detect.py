@@ -11,7 +11,7 @@ Sources, in order of trust:
    submit command (``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``) ends the program.
 
 >>> detect_tool_call("Let me look.\\n```bash\\nls -la\\n```")
-ToolCall(name='bash', arguments='ls -la', source='bash-block')
+DetectedCall(name='bash', arguments='ls -la', source='bash-block')
 >>> detect_tool_call("Two blocks\\n```bash\\nls\\n```\\n```bash\\npwd\\n```") is None
 True
 >>> detect_tool_call("x", hint="search").name
@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["SUBMIT_MARKER", "ToolCall", "detect_tool_call"]
+__all__ = ["SUBMIT_MARKER", "DetectedCall", "detect_tool_call"]
 
 #: mini-swe-agent's submission command: the turn that runs it is the program's last.
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -38,15 +38,17 @@ _MAX_ARGS_CHARS = 4096
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCall:
-    """A detected tool call: the tool's name, its argument string, and the source rule."""
+class DetectedCall:
+    """A tool call detected in a turn's output: the tool's name, its argument string, and
+    the source rule (not to be confused with ``controlplane.records.ToolCall``, the
+    control plane's record of a finished call)."""
 
     name: str
     arguments: str | None
     source: str
 
 
-def _from_tag(text: str) -> ToolCall | None:
+def _from_tag(text: str) -> DetectedCall | None:
     match = _TOOL_TAG.search(text)
     if match is None:
         return None
@@ -58,17 +60,17 @@ def _from_tag(text: str) -> ToolCall | None:
         return None
     args = body.get("arguments")
     arguments = args if isinstance(args, str) else json.dumps(args, sort_keys=True)
-    return ToolCall(body["name"], arguments[:_MAX_ARGS_CHARS], "tool-call-tag")
+    return DetectedCall(body["name"], arguments[:_MAX_ARGS_CHARS], "tool-call-tag")
 
 
-def _from_bash_block(text: str) -> ToolCall | None:
+def _from_bash_block(text: str) -> DetectedCall | None:
     blocks = _BASH_BLOCK.findall(text)
     if len(blocks) != 1:
         return None
     command = blocks[0].strip()
     if SUBMIT_MARKER in command:
         return None
-    return ToolCall("bash", command[:_MAX_ARGS_CHARS], "bash-block")
+    return DetectedCall("bash", command[:_MAX_ARGS_CHARS], "bash-block")
 
 
 def detect_tool_call(
@@ -77,15 +79,15 @@ def detect_tool_call(
     parsed: Sequence[tuple[str, str | None]] = (),
     hint: str | None = None,
     last_turn: bool = False,
-) -> ToolCall | None:
+) -> DetectedCall | None:
     """The tool call this turn's output ends in, or ``None`` (not pinnable)."""
     if last_turn:
         return None
     for name, arguments in parsed:
         if name:
-            return ToolCall(name, arguments, "parser")
+            return DetectedCall(name, arguments, "parser")
     found = (_from_tag(text) or _from_bash_block(text)) if text else None
     if hint:
         same = found is not None and found.name == hint
-        return ToolCall(hint, found.arguments if same and found else None, "hint")
+        return DetectedCall(hint, found.arguments if same and found else None, "hint")
     return found

@@ -6,13 +6,12 @@ nothing network-bound runs on the caller's thread.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from enginehook.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.tracker import ProgramEndEvent, ToolCallEvent, event_record
 
 if TYPE_CHECKING:
     from enginehook.config import HookConfig
@@ -29,12 +28,6 @@ class EventSink(Protocol):
     def submit(self, event: Event) -> None: ...
 
     def close(self) -> None: ...
-
-
-def event_record(event: Event) -> dict[str, object]:
-    """An event as a JSON-ready dict with its ``kind``."""
-    kind = "tool_call" if isinstance(event, ToolCallEvent) else "program_end"
-    return {"kind": kind, **dataclasses.asdict(event)}
 
 
 class NullSink:

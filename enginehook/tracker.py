@@ -6,55 +6,64 @@ For each program the tracker follows one cycle per tool call::
 
 - tool duration = next arrival − finish of the turn that called the tool (measured in the
   engine, as the paper does);
-- outcome of the pin: ``hit`` when the pin was still held at admission, otherwise the
-  reason it ended (``expired``, ``pressure``, ...) or ``not_pinned``;
+- outcome of the pin (:class:`controlplane.records.PinOutcome`, the one vocabulary of the
+  hook, the simulator and the control plane): ``HIT`` when the pin was still held at
+  admission, otherwise why it ended (``EXPIRED``, ``RELEASED_UNDER_PRESSURE``), or
+  ``NOT_PINNED``; ``UNSPECIFIED`` when it ended for a reason that is no outcome;
 - admission delay = admission − arrival of the returning turn. When its cache had been
-  released (any outcome but ``hit``) the delay is a sample of T, the queueing delay of
-  returning unpinned requests.
+  released by a known cause (``PinOutcome.feeds_queue_delay``: expired, under pressure,
+  not pinned) the delay is a sample of T, the queueing delay of returning unpinned
+  requests; the control plane applies the same rule to the same events.
 
 ``admitted`` returns a :class:`ToolCallEvent` with all of that; ``program_end`` a
 :class:`ProgramEndEvent`. Event ids are ``<engine id>:<program>:<turn>`` (or ``:end``),
-unique per engine instance, so a receiver can drop duplicates.
+unique per engine instance, so a receiver can drop duplicates. ``event_record`` /
+``event_from_record`` are the events' one JSON form (event log, spill files).
 
 >>> t = ToolCallTracker(engine_id="e1")
 >>> t.finished("p", 10.0, tool="bash", tool_args="ls", ttl_s=2.0, pinned=True)
 0
 >>> t.arrived("p", 10.5)
 >>> ev = t.admitted("p", 10.6, pin_held=True)
->>> (ev.event_id, ev.duration_s, ev.outcome, round(ev.admission_delay_s, 3), ev.queue_delay_sample)
-('e1:p:0', 0.5, 'hit', 0.1, False)
+>>> (ev.event_id, ev.duration_s, ev.outcome.label, round(ev.admission_delay_s, 3))
+('e1:p:0', 0.5, 'hit', 0.1)
+>>> ev.queue_delay_sample, event_from_record(event_record(ev)) == ev
+(False, True)
 >>> t.program_end("p", 20.0).total_turns
 1
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
 
+from controlplane.records import PinOutcome
 from enginehook.pins import ReleaseReason
 
-__all__ = ["PinOutcome", "ProgramEndEvent", "ToolCallEvent", "ToolCallTracker"]
+__all__ = [
+    "PinOutcome",
+    "ProgramEndEvent",
+    "ToolCallEvent",
+    "ToolCallTracker",
+    "event_from_record",
+    "event_record",
+    "outcome_of_release",
+]
+
+_OF_RELEASE = {
+    ReleaseReason.HIT: PinOutcome.HIT,
+    ReleaseReason.TTL: PinOutcome.EXPIRED,
+    ReleaseReason.PRESSURE: PinOutcome.RELEASED_UNDER_PRESSURE,
+    ReleaseReason.BUDGET: PinOutcome.RELEASED_UNDER_PRESSURE,
+}
 
 
-class PinOutcome(Enum):
-    """What became of the cache of a turn that called a tool."""
-
-    HIT = "hit"
-    EXPIRED = "expired"
-    PRESSURE = "pressure"
-    NOT_PINNED = "not_pinned"
-    OTHER = "other"
-
-    @classmethod
-    def of_release(cls, reason: ReleaseReason) -> PinOutcome:
-        """The outcome recorded when a pin ends for ``reason`` before its program returns."""
-        return {
-            ReleaseReason.HIT: cls.HIT,
-            ReleaseReason.TTL: cls.EXPIRED,
-            ReleaseReason.PRESSURE: cls.PRESSURE,
-            ReleaseReason.BUDGET: cls.PRESSURE,
-        }.get(reason, cls.OTHER)
+def outcome_of_release(reason: ReleaseReason) -> PinOutcome:
+    """The outcome recorded when a pin ends for ``reason`` before its program returns
+    (``UNSPECIFIED`` for program end, replacement and shutdown)."""
+    return _OF_RELEASE.get(reason, PinOutcome.UNSPECIFIED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +79,14 @@ class ToolCallEvent:
     finished_at: float
     turn_index: int
     ttl_s: float
-    outcome: str
+    outcome: PinOutcome
     admission_delay_s: float
     basis: str = ""
 
     @property
     def queue_delay_sample(self) -> bool:
-        """Whether ``admission_delay_s`` is a sample of T (the cache had been released)."""
-        return self.outcome != PinOutcome.HIT.value
+        """Whether ``admission_delay_s`` is a sample of T (``PinOutcome.feeds_queue_delay``)."""
+        return self.outcome.feeds_queue_delay
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +154,7 @@ class ToolCallTracker:
         pending = self._pending.get(program_id)
         pinned = pending is not None and pending.outcome is PinOutcome.HIT
         if pending is not None and pinned and reason is not ReleaseReason.HIT:
-            pending.outcome = PinOutcome.of_release(reason)
+            pending.outcome = outcome_of_release(reason)
 
     def arrived(self, program_id: str, now: float) -> None:
         """The program's next request arrived (ends the tool call's duration)."""
@@ -169,7 +178,7 @@ class ToolCallTracker:
         del self._pending[program_id]
         outcome = pending.outcome
         if outcome is PinOutcome.HIT and not pin_held:
-            outcome = PinOutcome.OTHER
+            outcome = PinOutcome.UNSPECIFIED  # released without our seeing why
         return ToolCallEvent(
             event_id=f"{self.engine_id}:{program_id}:{pending.turn_index}",
             program_id=program_id,
@@ -180,7 +189,7 @@ class ToolCallTracker:
             finished_at=pending.finished_at,
             turn_index=pending.turn_index,
             ttl_s=pending.ttl_s,
-            outcome=outcome.value,
+            outcome=outcome,
             admission_delay_s=max(0.0, now - pending.arrived_at),
             basis=pending.basis,
         )
@@ -210,3 +219,24 @@ class ToolCallTracker:
 
     def __len__(self) -> int:
         return len(self._turns)
+
+
+def event_record(event: ToolCallEvent | ProgramEndEvent) -> dict[str, Any]:
+    """The event as a JSON-ready dict with its ``kind`` (the outcome by its label)."""
+    kind = "tool_call" if isinstance(event, ToolCallEvent) else "program_end"
+    record: dict[str, Any] = {"kind": kind, **asdict(event)}
+    if isinstance(event, ToolCallEvent):
+        record["outcome"] = event.outcome.label
+    return record
+
+
+def event_from_record(record: Mapping[str, Any]) -> ToolCallEvent | ProgramEndEvent:
+    """The inverse of :func:`event_record` (also reads records of earlier releases)."""
+    data = dict(record)
+    kind = data.pop("kind")
+    if kind == "program_end":
+        return ProgramEndEvent(**data)
+    if kind != "tool_call":
+        raise ValueError(f"kind must be 'tool_call' or 'program_end', got {kind!r}")
+    data["outcome"] = PinOutcome.parse(data["outcome"])
+    return ToolCallEvent(**data)

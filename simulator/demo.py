@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from enginehook.cplink import to_tool_call
 from enginehook.tracker import ToolCallEvent
 from estimator import Decision, RequestFacts
 from simulator.policies import Cachettl
@@ -90,37 +91,12 @@ class RemotePolicy(Cachettl):
 
     def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:
         self.calls += 1
-        d = self.client.decide_ttl(
-            facts.tool,
-            facts.tool_args or "",
-            facts.context_tokens,
-            program_id=facts.program_id or "",
-            turns_served=facts.turns_served,
-            offload=facts.offload,
-        )
+        d = self.client.decide(facts)  # the engine's facts, load signals included
         return Decision(d.ttl_s, d.return_probability, d.expected_benefit_s, d.basis, d.benefit_s)
 
     def observe_tool_call(self, event: ToolCallEvent) -> None:
-        from controlplane.client import PinOutcome, ToolCall
-
-        pin = {
-            "hit": PinOutcome.HIT,
-            "expired": PinOutcome.EXPIRED,
-            "pressure": PinOutcome.RELEASED_UNDER_PRESSURE,
-        }.get(event.outcome, PinOutcome.NOT_PINNED)
-        call = ToolCall(
-            event.event_id,
-            event.program_id,
-            event.tool_name,
-            event.tool_args or "",
-            event.duration_s,
-            turn_index=event.turn_index,
-            chosen_ttl_s=event.ttl_s,
-            pin_outcome=pin,
-            admission_delay_s=event.admission_delay_s if event.queue_delay_sample else None,
-        )
         self.calls += 1
-        self.client.record_tool_calls([call])
+        self.client.record_tool_calls([to_tool_call(event)])
 
     def observe_program_end(self, turns: int, tenant: str) -> None:
         pass  # sent with the program id by the simulation callback (``_ProgramEnds``)

@@ -4,6 +4,7 @@ a rejected batch stores nothing."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -167,7 +168,7 @@ def test_overload_answers_resource_exhausted(setup) -> None:
         ),
     ],
 )
-def test_bad_load_signals_name_the_field(setup, fields: dict[str, int], message: str) -> None:
+def test_bad_load_signals_name_the_field(setup, fields: dict[str, Any], message: str) -> None:
     server, token, _ = setup
     request = ttl_pb2.DecideTtlRequest(tool_name="ls", **fields)
     with grpc.insecure_channel(server.target) as channel:

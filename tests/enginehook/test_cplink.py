@@ -3,6 +3,7 @@ spill beyond the memory bound, the control plane down and back, snapshots in."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -10,29 +11,36 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.records import PinOutcome, ProgramEnd, ToolCall
 from controlplane.server import ServerOptions
 from controlplane.service import ControlPlane
 from controlplane.store import create_store
-from enginehook.cplink import ControlPlaneLink, EventBuffer, GrpcTransport
+from enginehook.cplink import (
+    ControlPlaneLink,
+    EventBuffer,
+    GrpcTransport,
+    to_program_end,
+    to_tool_call,
+)
 from enginehook.decide import TtlDecider
 from enginehook.tracker import ProgramEndEvent, ToolCallEvent
 from tests.enginehook.driver import ControlPlaneThread
 
 
-def _call(i: int, program: str = "p") -> ToolCallEvent:
+def _call(i: int, program: str = "p", outcome: PinOutcome = PinOutcome.HIT) -> ToolCallEvent:
     return ToolCallEvent(
-        f"eng:{program}:{i}",
-        program,
-        "default",
-        "bash",
-        "ls -la",
-        0.1 + i * 0.01,
-        1000.0 + i,
-        i,
-        2.0,
-        "hit",
-        0.01,
-        "cold-start",
+        event_id=f"eng:{program}:{i}",
+        program_id=program,
+        tenant="default",
+        tool_name="bash",
+        tool_args="ls -la",
+        duration_s=0.1 + i * 0.01,
+        finished_at=1000.0 + i,
+        turn_index=i,
+        ttl_s=2.0,
+        outcome=outcome,
+        admission_delay_s=0.01,
+        basis="cold-start",
     )
 
 
@@ -183,3 +191,52 @@ def test_snapshots_replace_the_local_models(plane, tmp_path):
         assert decision.ttl_s > 0
     finally:
         link.close()
+
+
+def test_one_conversion_every_field_and_outcome_arrives(plane, tmp_path):
+    """Each outcome, admission delay and chosen TTL is stored as the hook reported it, and
+    a spill segment written by an earlier release (outcome labels "pressure", "other")
+    is delivered with the same vocabulary."""
+    events = [_call(i, outcome=o) for i, o in enumerate(PinOutcome)]
+    assert to_tool_call(events[1]) == ToolCall(
+        event_id="eng:p:1",
+        program_id="p",
+        tool_name="bash",
+        tool_args="ls -la",
+        duration_s=0.11,
+        finished_at=1001.0,
+        turn_index=1,
+        chosen_ttl_s=2.0,
+        pin_outcome=PinOutcome.HIT,
+        admission_delay_s=0.01,
+    )
+    end = ProgramEndEvent("eng:p:end", "p", "default", 9, 1200.0)
+    assert to_program_end(end) == ProgramEnd("p", 9, 1200.0)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    old = {
+        **{k: getattr(_call(7), k) for k in ToolCallEvent.__slots__},
+        "kind": "tool_call",
+        "event_id": "eng:old:7",
+    }
+    lines = [json.dumps({**old, "outcome": "pressure"})]
+    lines.append(json.dumps({**old, "event_id": "eng:old:8", "outcome": "other"}))
+    (spill / "spill-000000001.jsonl").write_text("\n".join(lines) + "\n")
+    plane.start()
+    link = _link(plane, spill)
+    try:
+        for event in events:
+            link.submit(event)
+        link.submit(end)
+        assert link.flush(20.0)
+    finally:
+        link.close()
+    stored = {r.call.event_id: r.call for r in plane.store.read_tool_calls(0, 100)}
+    assert stored["eng:old:7"].pin_outcome is PinOutcome.RELEASED_UNDER_PRESSURE
+    assert stored["eng:old:8"].pin_outcome is PinOutcome.UNSPECIFIED
+    for event in events:
+        call = stored[event.event_id]
+        assert call.pin_outcome is event.outcome
+        assert (call.chosen_ttl_s, call.admission_delay_s) == (2.0, 0.01)
+        assert call.duration_s == pytest.approx(event.duration_s, abs=1e-9)
+    assert plane.store.read_program_ends(0, 10)[0].end.total_turns == 9

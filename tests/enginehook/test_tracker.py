@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from enginehook.detect import detect_tool_call
+from controlplane.records import PinOutcome
+from enginehook.detect import DetectedCall, detect_tool_call
 from enginehook.hints import Hints
 from enginehook.pins import ReleaseReason
 from enginehook.pressure import PressureRule, may_release
-from enginehook.tracker import ToolCallTracker
+from enginehook.tracker import (
+    ProgramEndEvent,
+    ToolCallEvent,
+    ToolCallTracker,
+    event_from_record,
+    event_record,
+    outcome_of_release,
+)
 
 
 def test_duration_is_next_arrival_minus_finish_and_hit_is_not_a_queue_sample():
@@ -20,7 +30,7 @@ def test_duration_is_next_arrival_minus_finish_and_hit_is_not_a_queue_sample():
     assert t.returning("p")
     ev = t.admitted("p", 2.0, pin_held=True)
     assert ev is not None
-    assert (ev.duration_s, ev.outcome, ev.admission_delay_s) == (0.75, "hit", 0.25)
+    assert (ev.duration_s, ev.outcome, ev.admission_delay_s) == (0.75, PinOutcome.HIT, 0.25)
     assert not ev.queue_delay_sample
     assert t.admitted("p", 3.0, pin_held=False) is None
 
@@ -32,7 +42,7 @@ def test_expired_pin_gives_a_queue_delay_sample():
     t.arrived("p", 3.0)
     ev = t.admitted("p", 3.5, pin_held=False)
     assert ev is not None
-    assert ev.outcome == "expired"
+    assert ev.outcome is PinOutcome.EXPIRED
     assert ev.queue_delay_sample
     assert ev.admission_delay_s == 0.5
 
@@ -40,9 +50,11 @@ def test_expired_pin_gives_a_queue_delay_sample():
 @pytest.mark.parametrize(
     ("pinned", "reason", "outcome"),
     [
-        (False, None, "not_pinned"),
-        (True, ReleaseReason.PRESSURE, "pressure"),
-        (True, ReleaseReason.BUDGET, "pressure"),
+        (False, None, PinOutcome.NOT_PINNED),
+        (True, ReleaseReason.PRESSURE, PinOutcome.RELEASED_UNDER_PRESSURE),
+        (True, ReleaseReason.BUDGET, PinOutcome.RELEASED_UNDER_PRESSURE),
+        (True, ReleaseReason.SHUTDOWN, PinOutcome.UNSPECIFIED),
+        (True, None, PinOutcome.UNSPECIFIED),  # gone at admission, no release seen
     ],
 )
 def test_outcomes(pinned, reason, outcome):
@@ -53,7 +65,71 @@ def test_outcomes(pinned, reason, outcome):
     t.arrived("p", 1.0)
     ev = t.admitted("p", 1.0, pin_held=False)
     assert ev is not None
-    assert ev.outcome == outcome
+    assert ev.outcome is outcome
+    # T learns from known releases only, on the hook as on the control plane.
+    assert ev.queue_delay_sample is (outcome is not PinOutcome.UNSPECIFIED)
+
+
+def test_every_release_reason_has_one_outcome():
+    outcomes = {reason: outcome_of_release(reason) for reason in ReleaseReason}
+    assert outcomes == {
+        ReleaseReason.HIT: PinOutcome.HIT,
+        ReleaseReason.TTL: PinOutcome.EXPIRED,
+        ReleaseReason.PRESSURE: PinOutcome.RELEASED_UNDER_PRESSURE,
+        ReleaseReason.BUDGET: PinOutcome.RELEASED_UNDER_PRESSURE,
+        ReleaseReason.PROGRAM_END: PinOutcome.UNSPECIFIED,
+        ReleaseReason.REPLACED: PinOutcome.UNSPECIFIED,
+        ReleaseReason.SHUTDOWN: PinOutcome.UNSPECIFIED,
+    }
+
+
+@pytest.mark.parametrize("outcome", list(PinOutcome))
+def test_json_form_round_trips_with_the_outcome_by_label(outcome):
+    ev = ToolCallEvent(
+        event_id="e:p:0",
+        program_id="p",
+        tenant="t",
+        tool_name="bash",
+        tool_args=None,
+        duration_s=0.5,
+        finished_at=1.0,
+        turn_index=0,
+        ttl_s=2.0,
+        outcome=outcome,
+        admission_delay_s=0.1,
+        basis="tool",
+    )
+    line = json.dumps(event_record(ev))
+    assert json.loads(line)["outcome"] == outcome.name.lower()
+    assert event_from_record(json.loads(line)) == ev
+    end = ProgramEndEvent("e:p:end", "p", "t", 3, 9.0)
+    assert event_from_record(json.loads(json.dumps(event_record(end)))) == end
+
+
+def test_records_of_earlier_releases_still_read():
+    old = {
+        "kind": "tool_call",
+        "event_id": "e:p:0",
+        "program_id": "p",
+        "tenant": "t",
+        "tool_name": "bash",
+        "tool_args": "ls",
+        "duration_s": 0.5,
+        "finished_at": 1.0,
+        "turn_index": 0,
+        "ttl_s": 2.0,
+        "outcome": "pressure",
+        "admission_delay_s": 0.1,
+        "basis": "tool",
+    }
+    event = event_from_record(old)
+    assert isinstance(event, ToolCallEvent)
+    assert event.outcome is PinOutcome.RELEASED_UNDER_PRESSURE
+    assert event_from_record({**old, "outcome": "other"}).outcome is PinOutcome.UNSPECIFIED  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="unknown pin outcome 'lost'; valid: unspecified, hit"):
+        event_from_record({**old, "outcome": "lost"})
+    with pytest.raises(ValueError, match="kind must be 'tool_call' or 'program_end'"):
+        event_from_record({**old, "kind": "turn"})
 
 
 def test_event_ids_unique_per_turn_and_program_end_counts_turns():
@@ -85,6 +161,7 @@ def test_forget_idle_bounds_memory():
 
 
 def test_detection_sources():
+    assert detect_tool_call("```bash\nls\n```") == DetectedCall("bash", "ls", "bash-block")
     assert detect_tool_call(None) is None
     assert detect_tool_call("plain answer") is None
     parsed = detect_tool_call("...", parsed=[("search", '{"q": 1}')])
