@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from estimator.signatures import json_depth
 
 __all__ = [
     "Program",
@@ -62,12 +64,36 @@ class Program:
         return math.fsum(t.tool_duration_s for t in self.turns)
 
 
+#: Deepest JSON nesting a trace line may have (a valid line needs 3 levels).
+MAX_DEPTH = 64
+#: Longest integer literal converted (Python refuses more than 4300 digits anyway).
+MAX_INT_DIGITS = 100
+
+
+class _LongInteger:
+    """Stands for an integer literal too long to convert (rejected where a number is
+    needed, ignored in unknown keys)."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
+def _parse_int(literal: str) -> int | _LongInteger:
+    digits = len(literal) - literal.startswith("-")
+    return _LongInteger(digits) if digits > MAX_INT_DIGITS else int(literal)
+
+
 def _fail(line: int, field: str, problem: str) -> ValueError:
     return ValueError(f"line {line}: field {field!r}: {problem}")
 
 
 def _int(obj: dict[str, Any], key: str, line: int, where: str, minimum: int) -> int:
     value = obj.get(key)
+    if isinstance(value, _LongInteger):
+        raise _fail(line, f"{where}{key}", f"is out of range: {value!r}")
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(line, f"{where}{key}", f"must be an integer, got {value!r}")
     if value < minimum:
@@ -77,6 +103,8 @@ def _int(obj: dict[str, Any], key: str, line: int, where: str, minimum: int) -> 
 
 def _number(obj: dict[str, Any], key: str, line: int, where: str) -> float:
     value = obj.get(key)
+    if isinstance(value, _LongInteger):
+        raise _fail(line, f"{where}{key}", f"is out of range: {value!r}")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _fail(line, f"{where}{key}", f"must be a finite number, got {value!r}")
     if value < 0:
@@ -117,9 +145,12 @@ def _parse_turn(obj: object, line: int, index: int, last: bool) -> Turn:
 
 
 def parse_program(text: str, line: int) -> Program:
-    """One trace line; errors name the line and the field."""
+    """One trace line; errors name the line and the field (never a traceback: nesting
+    deeper than ``MAX_DEPTH`` and integers too long to convert are errors too)."""
+    if json_depth(text, MAX_DEPTH) > MAX_DEPTH:
+        raise ValueError(f"line {line}: JSON nested deeper than {MAX_DEPTH} levels")
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as error:
         raise ValueError(f"line {line}: not valid JSON ({error.msg})") from None
     if not isinstance(obj, dict):
@@ -140,18 +171,24 @@ def parse_program(text: str, line: int) -> Program:
     return Program(program_id, arrival, parsed, tenant)
 
 
-def read_trace(path: str | Path) -> list[Program]:
-    """All programs of a trace file, sorted by arrival (then id); nothing on any error."""
-    programs: list[Program] = []
-    seen: dict[str, int] = {}
+def _lines(path: str | Path) -> Iterator[str]:
+    """The file's lines, split on ``\\n`` only (JSON Lines: U+2028, U+0085 and the other
+    characters ``str.splitlines`` breaks at are ordinary characters inside a line)."""
     try:
-        text_lines = Path(path).read_text(encoding="utf-8").splitlines()
+        with Path(path).open(encoding="utf-8-sig", newline="\n") as handle:
+            yield from handle
     except OSError as error:
         raise ValueError(f"cannot read trace {str(path)!r}: {error.strerror}") from None
     except UnicodeDecodeError:
         raise ValueError(f"trace {str(path)!r} is not UTF-8 text") from None
-    for number, text in enumerate(text_lines, start=1):
-        if not text.strip():
+
+
+def read_trace(path: str | Path) -> list[Program]:
+    """All programs of a trace file, sorted by arrival (then id); nothing on any error."""
+    programs: list[Program] = []
+    seen: dict[str, int] = {}
+    for number, text in enumerate(_lines(path), start=1):
+        if not text.strip(_JSON_BLANKS):
             continue
         program = parse_program(text, number)
         if program.program_id in seen:
@@ -163,6 +200,9 @@ def read_trace(path: str | Path) -> list[Program]:
         raise ValueError(f"trace {str(path)!r} holds no programs")
     programs.sort(key=lambda p: (p.arrival_s, p.program_id))
     return programs
+
+
+_JSON_BLANKS = " \t\r\n"
 
 
 def dump_program(program: Program) -> str:
