@@ -195,6 +195,7 @@ def _tenants_list(args: argparse.Namespace) -> int:
     import time
 
     from controlplane.store import create_store
+    from controlplane.toolview import printable
 
     store = create_store(_db(args))
     try:
@@ -205,7 +206,7 @@ def _tenants_list(args: argparse.Namespace) -> int:
     for t in tenants:
         status = "revoked" if t.revoked_at is not None else "active"
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t.created_at))
-        print(f"{t.name:<24} {'yes' if t.share else 'no':<6} {status:<8} {created}")
+        print(f"{printable(t.name):<24} {'yes' if t.share else 'no':<6} {status:<8} {created}")
     return 0
 
 

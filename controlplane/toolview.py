@@ -14,10 +14,24 @@ from controlplane.service import ControlPlane
 from controlplane.store import create_store
 from estimator import RequestFacts
 
-__all__ = ["TYPICAL_CONTEXTS", "run"]
+__all__ = ["TYPICAL_CONTEXTS", "printable", "run"]
 
 #: Context sizes (tokens) for which `tools show` prints the policy's TTL.
 TYPICAL_CONTEXTS = (2_000, 8_000, 32_000, 128_000)
+
+
+def printable(text: str) -> str:
+    r"""``text`` safe for a terminal: each non-printable character (escape sequences, other
+    controls, bidirectional overrides) written as its Python escape, e.g. ``\x1b``.
+
+    >>> print(printable("ls"), printable("\x1b[2Jbash\u202e"))
+    ls \x1b[2Jbash\u202e
+    """
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
 
 
 def _tenant(plane: ControlPlane, name: str) -> Tenant:
@@ -55,8 +69,9 @@ def _list(tools: list[ToolView], as_json: bool) -> int:
         p50, p90, p99 = t.quantiles_s
         pins = t.pins.hits + t.pins.expired + t.pins.released_under_pressure
         print(
-            f"{t.tool_name:<24} {t.sample_count:>8} {t.seen_count:>8} {p50:>9.3f} {p90:>9.3f}"
-            f" {p99:>9.3f} {t.drift_epoch:>6} {pins:>6} {100 * t.pins.hit_rate:>6.1f}"
+            f"{printable(t.tool_name):<24} {t.sample_count:>8} {t.seen_count:>8}"
+            f" {p50:>9.3f} {p90:>9.3f} {p99:>9.3f} {t.drift_epoch:>6} {pins:>6}"
+            f" {100 * t.pins.hit_rate:>6.1f}"
         )
     return 0
 
@@ -93,8 +108,9 @@ def _show(plane: ControlPlane, tenant: Tenant, args: argparse.Namespace) -> int:
         out["decisions"] = decisions
         print(json.dumps(out, indent=2))
         return 0
-    sig = f" [{view.signature}]" if view.signature else ""
-    print(f"tool {view.tool_name}{sig} (tenant {tenant.name}, model level: {view.basis})")
+    sig = f" [{printable(view.signature)}]" if view.signature else ""
+    name, tenant_name = printable(view.tool_name), printable(tenant.name)
+    print(f"tool {name}{sig} (tenant {tenant_name}, model level: {view.basis})")
     print(f"  samples {view.sample_count} in window, {view.seen_count} seen")
     print(f"  drift epochs {view.drift_epoch}")
     print("  quantiles  " + "  ".join(f"p{round(100 * q)}={s:.3f}s" for q, s in view.quantiles))
