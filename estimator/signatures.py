@@ -222,6 +222,12 @@ class SignatureRegistry:
         self._extractors[tool] = extractor
         self._cache.clear()
 
+    def compute(self, tool: str, args: str | None) -> str:
+        """:meth:`signature` without the cache (so safe from any thread, at any time)."""
+        if not args:
+            return ""
+        return self._extractors.get(tool, self._default)(tool, args)
+
     def signature(self, tool: str, args: str | None) -> str:
         """The signature of one call; ``""`` when there are no arguments."""
         if not args:
