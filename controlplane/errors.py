@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "ControlPlaneError",
     "InvalidInputError",
+    "NotFoundError",
+    "OverloadedError",
+    "RevokedError",
     "SchemaOutOfDateError",
+    "SlowClientError",
     "StorageError",
     "TenantExistsError",
     "TenantNotFoundError",
@@ -22,6 +27,26 @@ class StorageError(ControlPlaneError):
 
 class SchemaOutOfDateError(StorageError):
     """The database schema is older (or newer) than this version of the code expects."""
+
+
+class OverloadedError(ControlPlaneError):
+    """A limit on concurrent work was reached (RESOURCE_EXHAUSTED); the message names it."""
+
+
+class AuthenticationError(ControlPlaneError):
+    """No usable bearer token, or nobody holds it (UNAUTHENTICATED)."""
+
+
+class RevokedError(ControlPlaneError):
+    """The token's tenant was revoked (PERMISSION_DENIED)."""
+
+
+class NotFoundError(ControlPlaneError):
+    """What a request names does not exist (NOT_FOUND)."""
+
+
+class SlowClientError(ControlPlaneError):
+    """The call's message did not arrive in time after its headers (DEADLINE_EXCEEDED)."""
 
 
 class TenantExistsError(ControlPlaneError):

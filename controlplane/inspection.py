@@ -1,11 +1,13 @@
 """Read-only views of one tenant's models (shared by the gRPC service and the CLI).
 
 A tenant only ever sees its own keys; the cross-tenant ``shared`` models appear in a
-sharing tenant's snapshot as aggregate windows, never as another tenant's raw events.
+sharing tenant's snapshot only as published, k-anonymous, quantised aggregates
+(``controlplane.sharing``), never as another tenant's raw events.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,19 +17,25 @@ from estimator import DurationModel, Level
 
 __all__ = [
     "DistributionView",
+    "ModelKey",
     "ModelView",
     "SnapshotView",
     "ToolView",
     "WorkloadView",
     "distribution",
     "list_tools",
+    "model_view",
     "snapshot",
+    "snapshot_keys",
+    "stored_model",
     "workload",
 ]
 
 #: Windows longer than this are sent in snapshots as this many evenly spaced quantiles.
 SNAPSHOT_MAX_POINTS = 512
 QUANTILES = (0.5, 0.9, 0.99)
+#: A model of a snapshot: (level, tool, signature).
+ModelKey = tuple[Level, str, str]
 
 
 @dataclass(frozen=True)
@@ -90,11 +98,17 @@ def _quantiles(model: DurationModel) -> tuple[float, float, float]:
     return q50, q90, q99
 
 
-def list_tools(state: ModelState, tenant: str) -> list[ToolView]:
-    """The tenant's tools, sorted by name."""
+def list_tools(
+    state: ModelState, tenant: str, tools: Sequence[str] | None = None
+) -> list[ToolView]:
+    """The tenant's tools (or those of ``tools`` it has), sorted by name.
+
+    Linear in the tenant's own tools and signatures (the state indexes them per tenant),
+    so callers can list a large tenant a slice of ``tools`` at a time.
+    """
     durations = state.models.durations
     views = []
-    for tool in durations.tools(tenant):
+    for tool in state.tools_of(tenant) if tools is None else tools:
         model = durations.model(Level.TOOL, tool, None, tenant)
         if model is None:
             continue
@@ -105,7 +119,7 @@ def list_tools(state: ModelState, tenant: str) -> list[ToolView]:
                 model.n_seen,
                 _quantiles(model),
                 model.drift_epoch,
-                durations.signatures_of(tool, tenant),
+                state.signatures_of(tenant, tool),
                 state.pin_counts(tenant, tool),
             )
         )
@@ -160,8 +174,10 @@ def workload(state: ModelState, tenant: str) -> WorkloadView:
 
 def _model_view(tool: str, signature: str, level: Level, model: DurationModel) -> ModelView:
     samples = model.sorted_samples()
-    summarized = samples.size > SNAPSHOT_MAX_POINTS
-    if summarized:
+    # Shared models are always summaries (published quantiles, controlplane.sharing).
+    thinned = samples.size > SNAPSHOT_MAX_POINTS
+    summarized = thinned or level is Level.SHARED
+    if thinned:
         idx = np.linspace(0, samples.size - 1, SNAPSHOT_MAX_POINTS).round().astype(int)
         samples = samples[idx]
     return ModelView(
@@ -175,21 +191,44 @@ def _model_view(tool: str, signature: str, level: Level, model: DurationModel) -
     )
 
 
+def snapshot_keys(state: ModelState, tenant: str, share: bool) -> list[ModelKey]:
+    """Which models a tenant's snapshot holds: its pool of all tools, the published shared
+    models if it shares, then its tools, each followed by its invocations."""
+    keys: list[ModelKey] = [(Level.TENANT, "", "")]
+    if share:
+        keys += [(Level.SHARED, tool, "") for tool in sorted(state.shared.tools)]
+    for tool in state.tools_of(tenant):
+        keys.append((Level.TOOL, tool, ""))
+        keys += [(Level.INVOCATION, tool, s) for s in state.signatures_of(tenant, tool)]
+    return keys
+
+
+def stored_model(state: ModelState, tenant: str, key: ModelKey) -> DurationModel | None:
+    """The model behind one snapshot key, if it has one."""
+    level, tool, signature = key
+    scope = "shared" if level is Level.SHARED else f"t:{tenant}"
+    # DurationHierarchy looks models up by arguments only; the key layout is its own
+    # (scope, tool, signature), read here so that a snapshot never re-parses arguments.
+    return state.models.durations._models.get((scope, tool, signature))
+
+
+def model_view(key: ModelKey, model: DurationModel) -> ModelView:
+    level, tool, signature = key
+    return _model_view(tool, signature, level, model)
+
+
 def snapshot(state: ModelState, tenant: str, share: bool) -> SnapshotView:
-    """Every model the tenant's decisions may use, compactly."""
-    durations = state.models.durations
-    views: list[ModelView] = []
-    all_tools = durations.model(Level.TENANT, "", None, tenant)
-    if all_tools is not None:
-        views.append(_model_view("", "", Level.TENANT, all_tools))
-    scope = f"t:{tenant}"
-    for (owner, tool, signature), model in sorted(durations.items(), key=lambda kv: kv[0]):
-        if owner == scope and tool:
-            level = Level.INVOCATION if signature else Level.TOOL
-            views.append(_model_view(tool, signature, level, model))
-        elif owner == "shared" and share:
-            views.append(_model_view(tool, "", Level.SHARED, model))
+    """Every model the tenant's decisions may use, compactly (all at once)."""
+    views = []
+    for key in snapshot_keys(state, tenant, share):
+        model = stored_model(state, tenant, key)
+        if model is not None:
+            views.append(model_view(key, model))
     stats = state.models.workload(tenant)
     return SnapshotView(
-        state.version, views, stats.eta.get(), stats.queue.get(), durations.min_samples
+        state.tenant_version(tenant, share),
+        views,
+        stats.eta.get(),
+        stats.queue.get(),
+        state.models.durations.min_samples,
     )

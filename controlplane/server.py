@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -21,6 +21,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
+from controlplane.auth import AuthOptions
+from controlplane.gate import Budgets
 from controlplane.metrics import Metrics
 from controlplane.records import LIMITS, Limits
 from controlplane.service import ControlPlane
@@ -56,8 +58,17 @@ class TlsFiles:
 
 @dataclass(frozen=True)
 class ServerOptions:
+    """How the server listens, what it runs in the background, and its limits.
+
+    ``max_concurrent_rpcs`` is the server-wide limit of authenticated unary calls in
+    flight (``budgets.calls_total`` is replaced by it); ``budgets`` holds the others
+    (per peer, per tenant, streams), ``auth`` the token cache (fresh and stale ages).
+    """
+
     listen: str = "127.0.0.1:50051"
     max_concurrent_rpcs: int = 256
+    budgets: Budgets = field(default_factory=Budgets)
+    auth: AuthOptions = field(default_factory=AuthOptions)
     tail_interval_s: float = 0.5
     snapshot_interval_s: float = 30.0
     watch_interval_s: float = 0.5
@@ -84,8 +95,14 @@ class ControlPlaneServer:
 
     def _build(self) -> grpc.aio.Server:
         o = self.options
-        server = grpc.aio.server(maximum_concurrent_rpcs=o.max_concurrent_rpcs)
-        servicer = Servicer(self.plane, self.metrics, o.limits, o.watch_interval_s)
+        # No gRPC-level maximum_concurrent_rpcs: it counts calls from their headers on, so
+        # calls that never send a message (or long-lived streams) would lock out everyone,
+        # health checks included. Admission is the servicer's gate (controlplane.gate).
+        budgets = replace(o.budgets, calls_total=o.max_concurrent_rpcs)
+        per_connection = budgets.calls_per_peer + budgets.streams_per_peer
+        server = grpc.aio.server(options=[("grpc.max_concurrent_streams", per_connection)])
+        servicer = Servicer(self.plane, self.metrics, o.limits, o.watch_interval_s, budgets, o.auth)
+        self._servicer = servicer
         server.add_generic_rpc_handlers(generic_handlers(servicer, _FILES))
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -141,6 +158,7 @@ class ControlPlaneServer:
         if self._server is not None:
             await self._health.enter_graceful_shutdown()
             await self._server.stop(self.options.grace_s if grace_s is None else grace_s)
+            self._servicer.close()
         self.metrics.stop()
         try:
             await asyncio.to_thread(self.plane.write_snapshot)

@@ -24,6 +24,8 @@ from controlplane.records import (
     Tenant,
     ToolCall,
 )
+from controlplane.sharing import SharingRules
+from controlplane.snapshots import SnapshotPayloads, in_slices
 from controlplane.state import ModelState
 from controlplane.store import Store, hash_token, new_token
 from estimator import Decision, RequestFacts, get_policy
@@ -32,6 +34,9 @@ __all__ = ["ControlPlane"]
 
 #: Rows read per query while catching up with the log.
 READ_BATCH = 5000
+#: How long learning, inspection or a snapshot holds the model lock at a time (one row
+#: or model more at most); decisions wait at most about this long.
+LOCK_SLICE_S = 0.002
 #: How long an authenticated token is trusted before the store is asked again (so a
 #: revocation takes effect within this many seconds).
 AUTH_CACHE_S = 2.0
@@ -48,6 +53,7 @@ class ControlPlane:
         min_samples: int = 100,
         clock: Callable[[], float] = time.time,
         profile: str = "llama3.1-8b-h100",
+        sharing: SharingRules | None = None,
     ) -> None:
         self.store = store
         self.policy_name = policy
@@ -62,16 +68,18 @@ class ControlPlane:
         self._write_lock = threading.Lock()
         self._auth: dict[str, tuple[Tenant | None, float]] = {}
         self._snapshot_version = -1
+        self.sharing = sharing or SharingRules()
+        self._payloads = SnapshotPayloads(LOCK_SLICE_S)
         self.state = self._restore()
 
     # -- start-up and the log ---------------------------------------------------------
 
     def _restore(self) -> ModelState:
-        self.state = ModelState.fresh(self.policy, self.min_samples, self.profile)
+        self.state = ModelState.fresh(self.policy, self.min_samples, self.profile, self.sharing)
         record = self.store.latest_snapshot(self.policy_name)
         if record is not None:
             restored = ModelState.loads(record.payload)
-            if restored.config == self.state.config:  # else: replay the whole log
+            if restored.reusable_as(self.state):  # else: replay the whole log
                 self.state = restored
                 self._snapshot_version = restored.version
         self.catch_up()
@@ -79,31 +87,56 @@ class ControlPlane:
 
     def catch_up(self) -> int:
         """Learn every committed row past the current position; returns how many."""
+        with self._write_lock:
+            return self._catch_up()
+
+    def _catch_up(self) -> int:
+        # Under the write lock (positions move only under it): the log is read without the
+        # model lock, and learned a slice (LOCK_SLICE_S) per hold of it.
         applied = 0
-        with self._lock:
-            while rows := self.store.read_tool_calls(self.state.tool_seq, READ_BATCH):
-                applied += self.state.apply_tool_calls(rows)
-            while ends := self.store.read_program_ends(self.state.end_seq, READ_BATCH):
-                applied += self.state.apply_program_ends(ends)
+        while rows := self.store.read_tool_calls(self.state.tool_seq, READ_BATCH):
+            applied += self._learn(self.state.apply_tool_calls, rows)
+        while ends := self.store.read_program_ends(self.state.end_seq, READ_BATCH):
+            applied += self._learn(self.state.apply_program_ends, ends)
+        return applied
+
+    def _learn(self, apply: Callable[[Sequence[Any]], int], rows: Sequence[Any]) -> int:
+        """Learn rows in order, holding the model lock at most about ``LOCK_SLICE_S`` at a
+        time, so decisions and inspection never wait for a whole batch."""
+        applied, i = 0, 0
+        while i < len(rows):
+            with self._lock:
+                deadline = time.perf_counter() + LOCK_SLICE_S
+                while i < len(rows):
+                    applied += apply(rows[i : i + 1])
+                    i += 1
+                    if time.perf_counter() >= deadline:
+                        break
         return applied
 
     @property
     def version(self) -> int:
-        with self._lock:
-            return self.state.version
+        """Log positions learned, all tenants (internal: RPCs report ``tenant_version``)."""
+        return self.state.version
+
+    def tenant_version(self, tenant: Tenant) -> int:
+        """The model version ``tenant`` is told (its own events, and shared publications
+        if it shares): never a function of another tenant's volume alone."""
+        return self.state.tenant_version(tenant.name, tenant.share)
 
     def write_snapshot(self) -> bool:
-        """Store a snapshot if the models changed since the last one (write-behind)."""
-        with self._lock:
-            if self.state.version == self._snapshot_version:
-                return False
-            state = self.state
-            record = SnapshotRecord(
-                self.policy_name, state.tool_seq, state.end_seq, self.clock(), state.dumps()
-            )
-            version = state.version
+        """Store a snapshot if the models changed since the last one (write-behind).
+
+        The state is pickled a slice of models at a time (``ModelState.dumps``), so
+        decisions and learning wait for one slice at a time, never for the whole state.
+        """
+        state = self.state
+        if state.version == self._snapshot_version:
+            return False
+        payload, tool_seq, end_seq = state.dumps(self._lock)
+        record = SnapshotRecord(self.policy_name, tool_seq, end_seq, self.clock(), payload)
         self.store.save_snapshot(record)
-        self._snapshot_version = version
+        self._snapshot_version = tool_seq + end_seq
         return True
 
     # -- tenants ----------------------------------------------------------------------
@@ -141,22 +174,21 @@ class ControlPlane:
         """Commit a validated batch, then learn it; returns once both are done."""
         with self._write_lock:
             result = self.store.append_tool_calls(tenant, calls)
-            with self._lock:
-                seqs = result.seqs
-                in_order = (
-                    result.duplicates == 0
-                    and bool(seqs)
-                    and seqs[0] == self.state.tool_seq + 1
-                    and all(b == a + 1 for a, b in pairwise(seqs))
-                )
-                if in_order:  # nobody wrote in between: learn the batch as sent
-                    rows = [
-                        StoredToolCall(s, tenant.name, tenant.share, c)
-                        for s, c in zip(seqs, calls, strict=True)
-                    ]
-                    self.state.apply_tool_calls(rows)
-                elif seqs:
-                    self.catch_up()  # another server wrote in between: learn in log order
+            seqs = result.seqs  # positions move only under the write lock, held here
+            in_order = (
+                result.duplicates == 0
+                and bool(seqs)
+                and seqs[0] == self.state.tool_seq + 1
+                and all(b == a + 1 for a, b in pairwise(seqs))
+            )
+            if in_order:  # nobody wrote in between: learn the batch as sent
+                rows = [
+                    StoredToolCall(s, tenant.name, tenant.share, c)
+                    for s, c in zip(seqs, calls, strict=True)
+                ]
+                self._learn(self.state.apply_tool_calls, rows)
+            elif seqs:
+                self._catch_up()  # another server wrote in between: learn in log order
         return result
 
     def record_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
@@ -164,11 +196,11 @@ class ControlPlane:
         with self._write_lock:
             seq = self.store.append_program_end(tenant, end)
             if seq is not None:
-                with self._lock:
-                    if seq == self.state.end_seq + 1:
-                        self.state.apply_program_ends([StoredProgramEnd(seq, tenant.name, end)])
-                    else:
-                        self.catch_up()
+                if seq == self.state.end_seq + 1:
+                    rows = [StoredProgramEnd(seq, tenant.name, end)]
+                    self._learn(self.state.apply_program_ends, rows)
+                else:
+                    self._catch_up()
         return seq
 
     # -- decisions and inspection -----------------------------------------------------
@@ -181,11 +213,20 @@ class ControlPlane:
         """
         facts = replace(facts, tenant=tenant.name, share=tenant.share)
         with self._lock:
-            return self.policy.decide(facts, self.state.models), self.state.version
+            decision = self.policy.decide(facts, self.state.models)
+            return decision, self.state.tenant_version(tenant.name, tenant.share)
 
     def list_tools(self, tenant: str) -> list[inspection.ToolView]:
+        """The tenant's tools, built a slice at a time (never the lock for long)."""
         with self._lock:
-            return inspection.list_tools(self.state, tenant)
+            names = self.state.tools_of(tenant)
+        views: list[inspection.ToolView] = []
+
+        def add(tool: str) -> None:
+            views.extend(inspection.list_tools(self.state, tenant, [tool]))
+
+        in_slices(self._lock, names, add, LOCK_SLICE_S)
+        return views
 
     def tool_distribution(
         self, tenant: str, tool: str, args: str = "", points: int = 50
@@ -200,3 +241,9 @@ class ControlPlane:
     def snapshot_for(self, tenant: str, share: bool) -> inspection.SnapshotView:
         with self._lock:
             return inspection.snapshot(self.state, tenant, share)
+
+    def snapshot_payload(self, tenant: Tenant) -> tuple[int, bytes]:
+        """``tenant``'s serialized ``WatchSnapshotsResponse`` and its version, built
+        incrementally a slice at a time (``controlplane.snapshots``); call it off the
+        event loop."""
+        return self._payloads.build(self.state, self._lock, tenant.name, tenant.share)

@@ -1,17 +1,24 @@
-"""gRPC servicers: thin adapters that decode, call ``ControlPlane`` and map errors.
+"""gRPC servicers: thin adapters that admit, decode, call ``ControlPlane`` and map errors.
 
-Errors become status codes with ``await context.abort``: bad input → INVALID_ARGUMENT,
-missing/unknown token → UNAUTHENTICATED, revoked token → PERMISSION_DENIED, database down
-→ UNAVAILABLE. Database work runs in worker threads; decisions are answered in the event
-loop from memory.
+Every method is served by a request-streaming handler so that admission
+(``controlplane.gate``: the token first, then per-peer, per-tenant and server-wide
+limits) runs when a call's headers arrive, before its message: a call without a valid
+token holds nothing. Errors become status codes with ``await context.abort``: bad input
+→ INVALID_ARGUMENT, missing/unknown token → UNAUTHENTICATED, revoked token →
+PERMISSION_DENIED, a limit reached → RESOURCE_EXHAUSTED, no message in time →
+DEADLINE_EXCEEDED, database down → UNAVAILABLE. Ingest, inspection and snapshots run in
+worker threads (the model lock is held a slice at a time); decisions are answered in
+the event loop from memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
 import grpc
@@ -22,7 +29,17 @@ from google.protobuf.message_factory import GetMessageClass
 
 from controlplane import inspection, validation
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
-from controlplane.errors import InvalidInputError, StorageError
+from controlplane.auth import AuthOptions, TenantCache
+from controlplane.errors import (
+    AuthenticationError,
+    InvalidInputError,
+    NotFoundError,
+    OverloadedError,
+    RevokedError,
+    SlowClientError,
+    StorageError,
+)
+from controlplane.gate import Budgets, Gate
 from controlplane.metrics import Metrics
 from controlplane.records import LIMITS, Limits, Tenant
 from controlplane.service import ControlPlane
@@ -32,6 +49,17 @@ __all__ = ["Malformed", "Servicer", "generic_handlers"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+
+#: Status of each error the service raises on purpose.
+_CODES: tuple[tuple[type[Exception], grpc.StatusCode, str], ...] = (
+    (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT, ""),
+    (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED, ""),
+    (RevokedError, grpc.StatusCode.PERMISSION_DENIED, ""),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND, ""),
+    (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+    (SlowClientError, grpc.StatusCode.DEADLINE_EXCEEDED, ""),
+    (StorageError, grpc.StatusCode.UNAVAILABLE, "database unavailable: "),
+)
 
 
 class Malformed:
@@ -54,27 +82,39 @@ def _parser(cls: type[Message]) -> Callable[[bytes], object]:
     return parse
 
 
+def _serializer(cls: type[Message]) -> Callable[[object], bytes]:
+    def serialize(message: object) -> bytes:
+        if isinstance(message, bytes):  # already serialized (snapshots)
+            return message
+        assert isinstance(message, cls)
+        return message.SerializeToString()
+
+    return serialize
+
+
 def generic_handlers(servicer: Servicer, files: Sequence[FileDescriptor]) -> list[Any]:
     """One generic handler per service of ``files``, bound to ``servicer``'s methods.
 
     Requests are parsed here rather than by gRPC so that corrupt bytes are answered
-    INVALID_ARGUMENT (gRPC's own parser would answer INTERNAL).
+    INVALID_ARGUMENT (gRPC's own parser would answer INTERNAL). Every method is served
+    as request-streaming (same wire format) so that admission precedes the message.
     """
     handlers = []
     for file in files:
         for service in file.services_by_name.values():
             methods = {}
             for m in service.methods:
-                response = GetMessageClass(m.output_type).SerializeToString
-                make = (
-                    grpc.unary_stream_rpc_method_handler
-                    if m.server_streaming
-                    else grpc.unary_unary_rpc_method_handler
-                )
+                body = getattr(servicer, m.name)
+                if m.server_streaming:
+                    behavior: Any = servicer.streaming(m.name, body)
+                    make = grpc.stream_stream_rpc_method_handler
+                else:
+                    behavior = servicer.unary(m.name, body)
+                    make = grpc.stream_unary_rpc_method_handler
                 methods[m.name] = make(
-                    getattr(servicer, m.name),
+                    behavior,
                     request_deserializer=_parser(GetMessageClass(m.input_type)),
-                    response_serializer=response,
+                    response_serializer=_serializer(GetMessageClass(m.output_type)),
                 )
             handlers.append(grpc.method_handlers_generic_handler(service.full_name, methods))
     return handlers
@@ -96,6 +136,13 @@ def _pins(p: PinCounts) -> inspect_pb2.PinStats:
     )
 
 
+def _code(error: Exception) -> tuple[grpc.StatusCode, str]:
+    for cls, code, prefix in _CODES:
+        if isinstance(error, cls):
+            return code, f"{prefix}{error}"
+    return grpc.StatusCode.INTERNAL, ""
+
+
 class Servicer:
     """Implements all four services of ``cachettl.v1`` over one ``ControlPlane``."""
 
@@ -105,127 +152,158 @@ class Servicer:
         metrics: Metrics,
         limits: Limits = LIMITS,
         watch_interval_s: float = 0.5,
+        budgets: Budgets | None = None,
+        auth: AuthOptions | None = None,
     ) -> None:
         self.plane = plane
         self.metrics = metrics
         self.limits = limits
         self.watch_interval_s = watch_interval_s
+        self.tenants = TenantCache(plane.store.tenant_by_token_hash, auth)
+        self.gate = Gate(budgets or Budgets(), self.tenants)
+        self._builds: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
+        self._latest: dict[str, tuple[int, bytes]] = {}
+
+    def close(self) -> None:
+        self.tenants.close()
 
     # -- plumbing ---------------------------------------------------------------------
 
-    async def _tenant(self, context: grpc.aio.ServicerContext) -> Tenant:
-        token = ""
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization" and isinstance(value, str):
-                scheme, _, token = value.partition(" ")
-                if scheme.lower() != "bearer":
-                    token = ""
-        if not token:
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "authorization: missing bearer token (metadata 'authorization: Bearer TOKEN')",
-            )
-        found, tenant = self.plane.cached_tenant(token)
-        if not found:
-            tenant = await asyncio.to_thread(self.plane.authenticate, token)
-        if tenant is None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "authorization: unknown token")
-        assert tenant is not None
-        if tenant.revoked_at is not None:
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"authorization: the token of tenant {tenant.name!r} was revoked",
-            )
-        return tenant
-
     async def _call(
-        self,
-        method: str,
-        request: object,
-        context: grpc.aio.ServicerContext,
-        body: Callable[[Tenant], Awaitable[R]],
+        self, method: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[R]]
     ) -> R:
         start = time.perf_counter()
         code = grpc.StatusCode.OK
         try:
-            tenant = await self._tenant(context)
-            if isinstance(request, Malformed):
-                raise InvalidInputError("request", f"malformed protobuf message: {request}")
-            return await body(tenant)
-        except InvalidInputError as error:
-            code = grpc.StatusCode.INVALID_ARGUMENT
-            await context.abort(code, str(error))
-        except StorageError as error:
-            code = grpc.StatusCode.UNAVAILABLE
-            await context.abort(code, f"database unavailable: {error}")
+            return await body()
         except (grpc.aio.AbortError, asyncio.CancelledError):
             code = context.code() or grpc.StatusCode.UNKNOWN
             raise
-        except Exception:
-            log.exception("%s failed", method)
-            code = grpc.StatusCode.INTERNAL
-            await context.abort(code, f"internal error in {method}")
+        except Exception as error:
+            code, message = _code(error)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("%s failed", method)
+                message = f"internal error in {method}"
+            await context.abort(code, message)
         finally:
             self.metrics.observe_rpc(method, code, time.perf_counter() - start)
         raise AssertionError("unreachable")  # abort() always raises
 
+    async def _request(self, requests: AsyncIterator[Any]) -> Any:
+        request = await self.gate.message(requests)
+        if isinstance(request, Malformed):
+            raise InvalidInputError("request", f"malformed protobuf message: {request}")
+        return request
+
+    def unary(
+        self, method: str, body: Callable[[Tenant, Any, grpc.aio.ServicerContext], Awaitable[R]]
+    ) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], Awaitable[R]]:
+        """The behavior serving a unary method: admit, read the one message, answer."""
+
+        async def behavior(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> R:
+            async def run() -> R:
+                async with self.gate.call(context) as tenant:
+                    return await body(tenant, await self._request(requests), context)
+
+            return await self._call(method, context, run)
+
+        return behavior
+
+    def streaming(
+        self,
+        method: str,
+        body: Callable[[Tenant, Any, grpc.aio.ServicerContext], AsyncIterator[object]],
+    ) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[object]]:
+        """The behavior serving a server-streaming method (stream budgets, not calls')."""
+
+        async def behavior(
+            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[object]:
+            async with AsyncExitStack() as stack:
+
+                async def admit() -> tuple[Tenant, Any]:
+                    tenant = await stack.enter_async_context(self.gate.stream(context))
+                    request = await self._request(requests)
+                    validation.check_known("request", request)
+                    return tenant, request
+
+                tenant, request = await self._call(method, context, admit)
+                try:
+                    async for item in body(tenant, request, context):
+                        yield item
+                except (grpc.aio.AbortError, asyncio.CancelledError):
+                    raise
+                except Exception as error:  # e.g. the tenant was revoked meanwhile
+                    code, message = _code(error)
+                    if code is grpc.StatusCode.INTERNAL:
+                        log.exception("%s failed", method)
+                        message = f"internal error in {method}"
+                    await context.abort(code, message)
+
+        return behavior
+
     # -- ToolEventService -------------------------------------------------------------
 
     async def RecordToolCalls(  # noqa: N802 - gRPC method name
-        self, request: events_pb2.RecordToolCallsRequest, context: grpc.aio.ServicerContext
+        self,
+        tenant: Tenant,
+        request: events_pb2.RecordToolCallsRequest,
+        context: grpc.aio.ServicerContext,
     ) -> events_pb2.RecordToolCallsResponse:
-        async def body(tenant: Tenant) -> events_pb2.RecordToolCallsResponse:
+        def work() -> events_pb2.RecordToolCallsResponse:
             calls = validation.tool_calls(request, self.limits)
-            result = await asyncio.to_thread(self.plane.record_tool_calls, tenant, calls)
+            result = self.plane.record_tool_calls(tenant, calls)
             self.metrics.events(result.accepted, result.duplicates)
             return events_pb2.RecordToolCallsResponse(
                 accepted=result.accepted,
                 duplicates=result.duplicates,
-                model_version=self.plane.version,
+                model_version=self.plane.tenant_version(tenant),
             )
 
-        return await self._call("RecordToolCalls", request, context, body)
+        return await asyncio.to_thread(work)
 
     async def RecordProgramEnd(  # noqa: N802
-        self, request: events_pb2.RecordProgramEndRequest, context: grpc.aio.ServicerContext
+        self,
+        tenant: Tenant,
+        request: events_pb2.RecordProgramEndRequest,
+        context: grpc.aio.ServicerContext,
     ) -> events_pb2.RecordProgramEndResponse:
-        async def body(tenant: Tenant) -> events_pb2.RecordProgramEndResponse:
-            end = validation.program_end(request)
-            seq = await asyncio.to_thread(self.plane.record_program_end, tenant, end)
-            return events_pb2.RecordProgramEndResponse(
-                duplicate=seq is None, model_version=self.plane.version
-            )
-
-        return await self._call("RecordProgramEnd", request, context, body)
+        end = validation.program_end(request)
+        seq = await asyncio.to_thread(self.plane.record_program_end, tenant, end)
+        return events_pb2.RecordProgramEndResponse(
+            duplicate=seq is None, model_version=self.plane.tenant_version(tenant)
+        )
 
     # -- TtlService -------------------------------------------------------------------
 
     async def DecideTtl(  # noqa: N802
-        self, request: ttl_pb2.DecideTtlRequest, context: grpc.aio.ServicerContext
+        self, tenant: Tenant, request: ttl_pb2.DecideTtlRequest, context: grpc.aio.ServicerContext
     ) -> ttl_pb2.DecideTtlResponse:
-        async def body(tenant: Tenant) -> ttl_pb2.DecideTtlResponse:
-            decision, version = self.plane.decide(
-                tenant, validation.decide_request(request, self.limits)
-            )
-            self.metrics.decision(decision.basis)
-            return ttl_pb2.DecideTtlResponse(
-                ttl=_duration(decision.ttl_s),
-                return_probability=decision.return_probability,
-                expected_benefit=_duration(decision.expected_benefit_s),
-                basis=decision.basis,
-                model_version=version,
-                benefit=_duration(decision.benefit_s),
-            )
-
-        return await self._call("DecideTtl", request, context, body)
+        decision, version = self.plane.decide(
+            tenant, validation.decide_request(request, self.limits)
+        )
+        self.metrics.decision(decision.basis)
+        return ttl_pb2.DecideTtlResponse(
+            ttl=_duration(decision.ttl_s),
+            return_probability=decision.return_probability,
+            expected_benefit=_duration(decision.expected_benefit_s),
+            basis=decision.basis,
+            model_version=version,
+            benefit=_duration(decision.benefit_s),
+        )
 
     # -- InspectService ---------------------------------------------------------------
 
     async def ListTools(  # noqa: N802
-        self, request: inspect_pb2.ListToolsRequest, context: grpc.aio.ServicerContext
+        self,
+        tenant: Tenant,
+        request: inspect_pb2.ListToolsRequest,
+        context: grpc.aio.ServicerContext,
     ) -> inspect_pb2.ListToolsResponse:
-        async def body(tenant: Tenant) -> inspect_pb2.ListToolsResponse:
-            validation.check_known("request", request)
+        validation.check_known("request", request)
+
+        def work() -> inspect_pb2.ListToolsResponse:
+            version = self.plane.tenant_version(tenant)
             tools = [
                 inspect_pb2.ToolSummary(
                     tool_name=v.tool_name,
@@ -240,62 +318,87 @@ class Servicer:
                 )
                 for v in self.plane.list_tools(tenant.name)
             ]
-            return inspect_pb2.ListToolsResponse(tools=tools, model_version=self.plane.version)
+            return inspect_pb2.ListToolsResponse(tools=tools, model_version=version)
 
-        return await self._call("ListTools", request, context, body)
+        return await asyncio.to_thread(work)
 
     async def GetToolDistribution(  # noqa: N802
-        self, request: inspect_pb2.GetToolDistributionRequest, context: grpc.aio.ServicerContext
+        self,
+        tenant: Tenant,
+        request: inspect_pb2.GetToolDistributionRequest,
+        context: grpc.aio.ServicerContext,
     ) -> inspect_pb2.GetToolDistributionResponse:
-        async def body(tenant: Tenant) -> inspect_pb2.GetToolDistributionResponse:
-            tool, args, points = validation.distribution_request(request)
-            view = self.plane.tool_distribution(tenant.name, tool, args, points)
-            if view is None:
-                await context.abort(
-                    grpc.StatusCode.NOT_FOUND, f"tool_name: no samples of tool {tool!r}"
-                )
-            assert view is not None
-            return _distribution(view, self.plane.version)
-
-        return await self._call("GetToolDistribution", request, context, body)
+        tool, args, points = validation.distribution_request(request)
+        version = self.plane.tenant_version(tenant)
+        view = await asyncio.to_thread(
+            self.plane.tool_distribution, tenant.name, tool, args, points
+        )
+        if view is None:
+            raise NotFoundError(f"tool_name: no samples of tool {tool!r}")
+        return await asyncio.to_thread(_distribution, view, version)
 
     async def GetWorkloadStats(  # noqa: N802
-        self, request: inspect_pb2.GetWorkloadStatsRequest, context: grpc.aio.ServicerContext
+        self,
+        tenant: Tenant,
+        request: inspect_pb2.GetWorkloadStatsRequest,
+        context: grpc.aio.ServicerContext,
     ) -> inspect_pb2.GetWorkloadStatsResponse:
-        async def body(tenant: Tenant) -> inspect_pb2.GetWorkloadStatsResponse:
-            validation.check_known("request", request)
-            v = self.plane.workload_stats(tenant.name)
-            return inspect_pb2.GetWorkloadStatsResponse(
-                eta=v.eta,
-                queue_delay=_duration(v.queue_delay_s),
-                programs_completed=v.programs_completed,
-                programs_in_window=v.programs_in_window,
-                tool_calls=v.tool_calls,
-                queue_samples=v.queue_samples,
-                model_version=self.plane.version,
-            )
-
-        return await self._call("GetWorkloadStats", request, context, body)
+        validation.check_known("request", request)
+        v = self.plane.workload_stats(tenant.name)
+        return inspect_pb2.GetWorkloadStatsResponse(
+            eta=v.eta,
+            queue_delay=_duration(v.queue_delay_s),
+            programs_completed=v.programs_completed,
+            programs_in_window=v.programs_in_window,
+            tool_calls=v.tool_calls,
+            queue_samples=v.queue_samples,
+            model_version=self.plane.tenant_version(tenant),
+        )
 
     # -- ModelService -----------------------------------------------------------------
 
     async def WatchSnapshots(  # noqa: N802
-        self, request: model_pb2.WatchSnapshotsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[model_pb2.WatchSnapshotsResponse]:
-        async def body(tenant: Tenant) -> Tenant:
-            validation.check_known("request", request)
-            return tenant
-
-        tenant = await self._call("WatchSnapshots", request, context, body)
+        self,
+        tenant: Tenant,
+        request: model_pb2.WatchSnapshotsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[bytes]:
+        """Sends the tenant's snapshot whenever its version passes the last one sent;
+        the token is checked again every ``watch_interval_s``, so a revocation ends the
+        stream (PERMISSION_DENIED) within that plus the auth cache's ``fresh_s``."""
         await context.send_initial_metadata(())  # tells the client the stream is open
         after = request.after_version
-        while True:
-            if self.plane.version > after:
-                view = self.plane.snapshot_for(tenant.name, tenant.share)
-                self.metrics.snapshot_sent(view.version)
-                yield _snapshot(view)
-                after = view.version
-            await asyncio.sleep(self.watch_interval_s)
+        try:
+            while True:
+                tenant = await self.gate.authenticate(context)
+                if self.plane.tenant_version(tenant) > after:
+                    version, payload = await self._snapshot(tenant)
+                    if version > after:
+                        self.metrics.snapshot_sent(version)
+                        yield payload
+                        after = version
+                await asyncio.sleep(self.watch_interval_s)
+        finally:
+            if self.gate.streams_of(tenant.name) <= 1:  # the tenant's last stream
+                self._latest.pop(tenant.name, None)
+
+    async def _snapshot(self, tenant: Tenant) -> tuple[int, bytes]:
+        """The tenant's latest serialized snapshot; one build at a time per tenant, in a
+        worker thread, shared by all of the tenant's streams."""
+        latest = self._latest.get(tenant.name)
+        if latest is not None and latest[0] >= self.plane.tenant_version(tenant):
+            return latest
+        build = self._builds.get(tenant.name)
+        if build is None:
+            build = asyncio.ensure_future(asyncio.to_thread(self.plane.snapshot_payload, tenant))
+            self._builds[tenant.name] = build
+            build.add_done_callback(functools.partial(self._built, tenant.name))
+        return await asyncio.shield(build)
+
+    def _built(self, name: str, build: asyncio.Future[tuple[int, bytes]]) -> None:
+        self._builds.pop(name, None)
+        if not build.cancelled() and build.exception() is None:
+            self._latest[name] = build.result()
 
 
 def _distribution(
@@ -312,26 +415,4 @@ def _distribution(
         cdf=[inspect_pb2.CdfPoint(duration=_duration(s), probability=p) for s, p in v.cdf],
         pins=_pins(v.pins),
         model_version=version,
-    )
-
-
-def _snapshot(v: inspection.SnapshotView) -> model_pb2.WatchSnapshotsResponse:
-    models: list[Any] = [
-        model_pb2.ToolModel(
-            tool_name=m.tool_name,
-            signature=m.signature,
-            level=m.level,
-            sorted_durations_seconds=m.sorted_durations_s,
-            summarized=m.summarized,
-            sample_count=m.sample_count,
-            drift_epoch=m.drift_epoch,
-        )
-        for m in v.models
-    ]
-    return model_pb2.WatchSnapshotsResponse(
-        version=v.version,
-        models=models,
-        eta=v.eta,
-        queue_delay=_duration(v.queue_delay_s),
-        min_samples=v.min_samples,
     )

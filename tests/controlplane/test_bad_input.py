@@ -3,6 +3,7 @@ a rejected batch stores nothing."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,8 +13,6 @@ import pytest
 from controlplane._gen.cachettl.v1 import (
     events_pb2,
     events_pb2_grpc,
-    model_pb2,
-    model_pb2_grpc,
     ttl_pb2,
     ttl_pb2_grpc,
 )
@@ -21,6 +20,7 @@ from controlplane.client import ControlPlaneClient, ToolCall, to_event
 from controlplane.service import ControlPlane
 from controlplane.store import Store
 
+from .abuse import HalfOpen
 from .conftest import ServerThread, running
 
 
@@ -138,23 +138,23 @@ def test_tokens(setup, store: Store) -> None:
 
 
 def test_overload_answers_resource_exhausted(setup) -> None:
-    server, token, _ = setup  # at most 4 concurrent RPCs
-    request = model_pb2.WatchSnapshotsRequest(after_version=10**9)  # never answered
+    server, token, _ = setup  # at most 4 concurrent unary RPCs (streams have their own budget)
+    meta = (("authorization", f"Bearer {token}"),)
     with grpc.insecure_channel(server.target) as channel:
-        stub = model_pb2_grpc.ModelServiceStub(channel)  # type: ignore[no-untyped-call]
-        meta = (("authorization", f"Bearer {token}"),)
-        streams = [stub.WatchSnapshots(request, metadata=meta, timeout=30) for _ in range(4)]
+        held = HalfOpen(channel)  # admitted calls whose message has not arrived hold a slot
         try:
-            for stream in streams:
-                stream.initial_metadata()  # the stream is open and holds one slot
+            held.open(4, metadata=meta)
+            time.sleep(0.5)
             with pytest.raises(grpc.RpcError) as error:
                 ttl_pb2_grpc.TtlServiceStub(channel).DecideTtl(  # type: ignore[no-untyped-call]
                     ttl_pb2.DecideTtlRequest(tool_name="ls"), metadata=meta, timeout=5
                 )
-            assert error.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert _code(error) == (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "calls: 4 in flight (limit 4, server-wide)",
+            )
         finally:
-            for stream in streams:
-                stream.cancel()
+            held.close()
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import pytest
 
 from controlplane.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
+from controlplane.sharing import SharingRules
 from controlplane.store import Store, create_store
 
 from .conftest import running
@@ -48,10 +49,15 @@ def test_a_tenant_sees_and_affects_only_its_own_statistics(store: Store) -> None
 
 @pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 def test_sharing_is_opt_in_and_never_exposes_raw_events(store: Store) -> None:
-    plane = ControlPlane(store, policy="cachettl", min_samples=3)
+    """One sharing tenant's calls are never shown to another (the shared model needs
+    three other contributors, none over half); once published it is quantised."""
+    plane = ControlPlane(
+        store, policy="cachettl", min_samples=3, sharing=SharingRules(refresh_every=8)
+    )
     _, acme = plane.create_tenant("acme", share=True)
     _, beta = plane.create_tenant("beta", share=True)
     _, solo = plane.create_tenant("solo")
+    others = [plane.create_tenant(f"t{i}", share=True)[1] for i in range(3)]
     with (
         running(plane) as server,
         ControlPlaneClient(server.target, acme) as a,
@@ -60,15 +66,24 @@ def test_sharing_is_opt_in_and_never_exposes_raw_events(store: Store) -> None:
     ):
         a.record_tool_calls(_calls("e"))
         decision = b.decide_ttl("bash", reload_cost_s=2.0, queue_delay_s=0.0)
-        assert decision.basis == "shared"
-        assert s.decide_ttl("bash", reload_cost_s=2.0, queue_delay_s=0.0).basis == "cold-start"
+        assert (decision.basis, decision.model_version) == ("cold-start", 0)
         assert b.list_tools().tools == []
-        levels = {(m.level, m.tool_name) for m in next(b.watch_snapshots(timeout_s=10)).models}
-        assert levels == {("shared", "bash")}
-        assert list(next(s.watch_snapshots(timeout_s=10)).models) == []
         s.record_tool_calls(_calls("s", tool="bash"))  # a non-sharing tenant feeds no prior
-        shared = next(b.watch_snapshots(timeout_s=10)).models[0]
-        assert shared.sample_count == len(DURATIONS)
+        raw = set(DURATIONS)
+        for i, token in enumerate(others):
+            with ControlPlaneClient(server.target, token) as t:
+                t.record_tool_calls(_calls(f"t{i}", tool="bash"))
+        decision = b.decide_ttl("bash", reload_cost_s=2.0, queue_delay_s=0.0)
+        assert (decision.basis, decision.model_version) == ("shared", 1)
+        (shared,) = next(b.watch_snapshots(timeout_s=10)).models
+        assert (shared.level, shared.tool_name) == ("shared", "bash")
+        assert shared.summarized and shared.sample_count == len(shared.sorted_durations_seconds)
+        assert not raw & set(shared.sorted_durations_seconds)  # rounded to a 5 % grid
+        assert s.decide_ttl("bash", reload_cost_s=2.0, queue_delay_s=0.0).basis == "tool"
+        assert [m.level for m in next(s.watch_snapshots(timeout_s=10)).models] == [
+            "all-tools",
+            "tool",
+        ]
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
