@@ -293,6 +293,20 @@ def hook_overhead(config: BenchConfig, model: Path) -> dict[str, float]:
         os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
 
 
+def hook_settings(config: BenchConfig) -> dict[str, Any]:
+    """The hook's ``additional_config.cachettl`` in the bench (everything else: defaults).
+
+    >>> sorted(hook_settings(BenchConfig()))
+    ['min_samples', 'order_window_s', 'policy', 'policy_params']
+    """
+    return {
+        "policy": config.policy,
+        "policy_params": dict(config.policy_params),
+        "min_samples": config.min_samples,
+        "order_window_s": config.order_window_s,
+    }
+
+
 def run_bench(config: BenchConfig) -> dict[str, Any]:
     """Run everything; returns the report (``stock``/``cachettl`` use the saturated regime)."""
     from enginehook.tinymodel import build_tiny_llama
@@ -302,13 +316,7 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # keep stdout for the report
     model_dir = config.model_dir or str(Path.home() / ".cache" / "cachettl" / "tiny-llama")
     model = build_tiny_llama(model_dir)
-    hook = {
-        "policy": config.policy,
-        "policy_params": config.policy_params,
-        "min_samples": config.min_samples,
-        "order_window_s": config.order_window_s,
-    }
-    both = asyncio.run(_run_pair(config, model, hook))
+    both = asyncio.run(_run_pair(config, model, hook_settings(config)))
     stock, ours = both["stock"], both["cachettl"]
     regimes: dict[str, Any] = {}
     for regime in config.regimes:

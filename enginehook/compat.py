@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-__all__ = ["TESTED_VERSIONS", "check_kv_layout", "check_vllm", "compat_problems"]
+__all__ = ["TESTED_VERSIONS", "check_engine", "check_kv_layout", "check_vllm", "compat_problems"]
 
 #: vLLM versions whose internals the hook was verified against.
 TESTED_VERSIONS = ("0.32.0",)
@@ -105,3 +105,21 @@ def check_kv_layout(kv_cache_config: Any) -> None:
             f"CacheTTL engine hook supports full attention only; this model's KV layout is "
             f"{type(spec).__name__} (sliding-window and state layouts are not supported)"
         )
+
+
+def check_engine(scheduler: Any, enabled: bool) -> None:
+    """Everything the hook needs of the engine ``scheduler`` runs in: a tested vLLM, a
+    full-attention KV layout, the scheduler flavour that matches async scheduling, and
+    prefix caching (when the hook is ``enabled``)."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    check_vllm()
+    check_kv_layout(scheduler.kv_cache_config)
+    config = scheduler.vllm_config
+    if config.scheduler_config.async_scheduling and not isinstance(scheduler, AsyncScheduler):
+        raise RuntimeError(
+            "async scheduling is on: use enginehook.scheduler.CacheTTLAsyncScheduler "
+            "(or pass --no-async-scheduling)"
+        )
+    if enabled and not scheduler.cache_config.enable_prefix_caching:
+        raise RuntimeError("CacheTTL needs prefix caching: pass --enable-prefix-caching")

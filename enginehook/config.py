@@ -9,6 +9,12 @@ HookConfig(enabled=True, policy='fixed', policy_params={'ttl_s': 1}, ...)
 Traceback (most recent call last):
 ...
 ValueError: additional_config.cachettl: unknown key 'ttl_cap'; valid: ...
+>>> HookConfig.from_additional({"cachettl": {"pressure": "always"}}).rules.pressure
+<PressureRule.ALWAYS: 'always'>
+>>> HookConfig.from_additional({"cachettl": {"order_window_s": -1}})
+Traceback (most recent call last):
+...
+ValueError: additional_config.cachettl.order_window_s must be a finite number >= 0, got -1
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from enginehook.pressure import PressureRule
+from enginehook.rules import SchedulingRules
 
 __all__ = [
     "CONFIG_KEY",
@@ -33,6 +39,7 @@ __all__ = [
 
 #: The key under vLLM's ``additional_config`` that holds the hook's settings.
 CONFIG_KEY = "cachettl"
+_PREFIX = f"additional_config.{CONFIG_KEY}"
 
 #: Values of ``cpu_tier``.
 CPU_TIER_SETTINGS = ("auto", "on", "off")
@@ -68,12 +75,9 @@ class HookConfig:
     ``policy`` / ``policy_params``: the estimator TTL policy and its parameters.
     ``profile``: hardware profile of the cost model used until prefill timings arrive.
     ``min_samples``: cold-start threshold K of the duration models.
-    ``ttl_cap_s``: hard cap on any TTL. ``budget_fraction``: most of the KV pool pinned
-    (1.0: no budget, as the simulator's ablation chose; 0.3 protects non-agent traffic).
-    ``pressure``: when pins may be released for memory (``running``, ``always``, ``never``).
-    ``order``: program-level ordering of the waiting queue. ``order_window_s``: a
-    returning turn overtakes only requests that arrived less than this before it (0: no
-    bound, the paper's order); bounds new programs' first-turn wait.
+    ``rules``: the :class:`~enginehook.rules.SchedulingRules` (pressure rules, order and
+    its windows, pin budget, TTL cap, victims); in ``additional_config`` each rule is a key
+    of its own (``"pressure": "always"``, ``"ttl_cap_s": 60``, ...).
     ``tenant``: the tenant this engine's events and decisions belong to.
     ``control_plane``: ``host:port`` of the control plane (empty: none).
     ``token``: bearer token for the control plane (default: ``$CACHETTL_TOKEN``; never
@@ -81,12 +85,11 @@ class HookConfig:
     are spilled (default: a temporary folder). ``event_log``: a JSON Lines file that
     receives every tool-call and program-end event (empty: none). ``metrics_listen``:
     ``host:port`` where the hook serves ``/metrics`` in Prometheus format (empty: off).
-    ``cpu_tier``: whether a miss is priced as a reload from a CPU copy of the KV instead
-    of a full prefill: ``auto`` (detected from the engine's KV connector and offloading
-    options, :func:`detect_cpu_tier`), ``on`` or ``off``. ``tier_pressure`` and
-    ``tier_order_window_s`` replace ``pressure`` and ``order_window_s`` while a CPU tier is
-    on: a released pin then costs a reload, and program order would mostly move the queue
-    onto new programs (the simulator's CPU-tier study chose these defaults).
+    ``idle_program_s``: a program whose tool call has not returned for this long is
+    forgotten. ``cpu_tier``: whether a miss is priced as a reload from a CPU copy of the KV
+    instead of a full prefill: ``auto`` (detected from the engine's KV connector and
+    offloading options, :func:`detect_cpu_tier`), ``on`` or ``off``; while it is on the
+    rules' tier settings apply.
     """
 
     enabled: bool = True
@@ -94,11 +97,7 @@ class HookConfig:
     policy_params: dict[str, Any] = field(default_factory=dict)
     profile: str = "llama3.1-8b-h100"
     min_samples: int = 100
-    ttl_cap_s: float = 300.0
-    budget_fraction: float = 1.0
-    pressure: str = PressureRule.RUNNING.value
-    order: bool = True
-    order_window_s: float = 0.0
+    rules: SchedulingRules = field(default_factory=SchedulingRules)
     tenant: str = "default"
     control_plane: str = ""
     token: str = field(default="", repr=False)
@@ -107,65 +106,47 @@ class HookConfig:
     metrics_listen: str = ""
     idle_program_s: float = 3600.0
     cpu_tier: str = "auto"
-    tier_pressure: str = PressureRule.ALWAYS.value
-    tier_order_window_s: float = 5.0
 
     def __post_init__(self) -> None:
-        PressureRule.parse(self.pressure)
-        PressureRule.parse(self.tier_pressure)
+        if not isinstance(self.rules, SchedulingRules):
+            raise ValueError(f"{_PREFIX}.rules must be SchedulingRules, got {self.rules!r}")
         if not isinstance(self.cpu_tier, str) or self.cpu_tier not in CPU_TIER_SETTINGS:
             raise ValueError(
-                "additional_config.cachettl.cpu_tier must be one of "
+                f"{_PREFIX}.cpu_tier must be one of "
                 f"{', '.join(CPU_TIER_SETTINGS)}, got {self.cpu_tier!r}"
             )
-        for name in ("ttl_cap_s", "idle_program_s", "order_window_s", "tier_order_window_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"additional_config.cachettl.{name} must be >= 0, got {value!r}")
-        if not isinstance(self.budget_fraction, int | float) or not (
-            0.0 <= self.budget_fraction <= 1.0
-        ):
-            raise ValueError(
-                "additional_config.cachettl.budget_fraction must be in [0, 1], "
-                f"got {self.budget_fraction!r}"
-            )
+        value = self.idle_program_s
+        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{_PREFIX}.idle_program_s must be >= 0, got {value!r}")
         if isinstance(self.min_samples, bool) or not isinstance(self.min_samples, int):
-            raise ValueError(
-                "additional_config.cachettl.min_samples must be an integer, "
-                f"got {self.min_samples!r}"
-            )
+            raise ValueError(f"{_PREFIX}.min_samples must be an integer, got {self.min_samples!r}")
         if not isinstance(self.policy_params, Mapping):
-            raise ValueError("additional_config.cachettl.policy_params must be an object")
+            raise ValueError(f"{_PREFIX}.policy_params must be an object")
 
-    @property
-    def pressure_rule(self) -> PressureRule:
-        """``pressure`` as a :class:`PressureRule`."""
-        return PressureRule.parse(self.pressure)
-
-    def rules(self, cpu_tier: bool) -> tuple[PressureRule, float]:
-        """The pressure rule and order window in force with or without a CPU tier.
-
-        >>> HookConfig().rules(cpu_tier=False), HookConfig().rules(cpu_tier=True)
-        ((<PressureRule.RUNNING: 'running'>, 0.0), (<PressureRule.ALWAYS: 'always'>, 5.0))
-        """
-        if cpu_tier:
-            return PressureRule.parse(self.tier_pressure), float(self.tier_order_window_s)
-        return self.pressure_rule, float(self.order_window_s)
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The keys ``additional_config.cachettl`` accepts: the settings and the rules."""
+        own = [f.name for f in dataclasses.fields(cls) if f.name != "rules"]
+        return own + list(SchedulingRules.names())
 
     @classmethod
     def from_additional(cls, additional: Mapping[str, Any] | None) -> HookConfig:
         """Read ``additional[CONFIG_KEY]`` (missing: defaults)."""
         raw = (additional or {}).get(CONFIG_KEY) or {}
         if not isinstance(raw, Mapping):
-            raise ValueError(f"additional_config.{CONFIG_KEY} must be an object, got {raw!r}")
-        valid = [f.name for f in dataclasses.fields(cls)]
+            raise ValueError(f"{_PREFIX} must be an object, got {raw!r}")
+        valid = cls.keys()
         for key in raw:
             if key not in valid:
-                names = ", ".join(valid)
-                raise ValueError(
-                    f"additional_config.{CONFIG_KEY}: unknown key {key!r}; valid: {names}"
-                )
-        values = dict(raw)
+                raise ValueError(f"{_PREFIX}: unknown key {key!r}; valid: {', '.join(valid)}")
+        rule_names = set(SchedulingRules.names())
+        values = {k: v for k, v in raw.items() if k not in rule_names}
+        try:
+            values["rules"] = SchedulingRules.parse(
+                {k: v for k, v in raw.items() if k in rule_names}
+            )
+        except ValueError as error:
+            raise ValueError(f"{_PREFIX}.{error}") from None
         if not values.get("token"):
             values["token"] = os.environ.get("CACHETTL_TOKEN", "")
         return cls(**values)

@@ -23,7 +23,12 @@ from typing import Any
 from enginehook.tracker import ProgramEndEvent, ToolCallEvent
 from estimator import Decision, Models, RequestFacts, get_policy
 
-__all__ = ["TtlDecider"]
+__all__ = ["TtlDecider", "client_decision"]
+
+
+def client_decision(ttl_s: float) -> Decision:
+    """The decision when the client set the TTL itself (``pin_ttl_s``)."""
+    return Decision(ttl_s, 1.0, 0.0, "client", 0.0)
 
 
 class TtlDecider:
@@ -82,7 +87,7 @@ class TtlDecider:
         (:meth:`estimator.CostModel.prefill_reload_s`).
         """
         if override_ttl_s is not None:
-            return Decision(override_ttl_s, 1.0, 0.0, "client", 0.0)
+            return client_decision(override_ttl_s)
         facts = RequestFacts(
             tool=tool,
             tool_args=tool_args,
@@ -96,6 +101,10 @@ class TtlDecider:
             waiting_tokens=waiting_tokens,
             free_tokens=free_tokens,
         )
+        return self.decide_facts(facts)
+
+    def decide_facts(self, facts: RequestFacts) -> Decision:
+        """The policy's TTL for ``facts`` on the snapshot in use now."""
         with self._lock:
             return self.policy.decide(facts, self._models)
 

@@ -36,6 +36,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from enginehook.pressure import choose_victims
+from estimator import DEFAULT_TTL_CAP_S
 
 __all__ = ["Pin", "PinResult", "PinTable", "ReleaseReason"]
 
@@ -71,6 +72,8 @@ class Pin(Generic[H]):
     benefit_s: float = 0.0
     basis: str = ""
     handle: H | None = None
+    #: The program's first arrival (the paper's pressure victims go latest first).
+    program_arrival: float = 0.0
     #: Bumped on every (re)pin so that stale expiry-heap entries are recognised.
     generation: int = 0
 
@@ -109,7 +112,7 @@ class PinTable(Generic[H]):
     def __init__(
         self,
         budget_blocks: int,
-        ttl_cap_s: float = 300.0,
+        ttl_cap_s: float = DEFAULT_TTL_CAP_S,
         on_release: Callable[[Pin[H], ReleaseReason], None] | None = None,
     ) -> None:
         if isinstance(budget_blocks, bool) or not isinstance(budget_blocks, int):
@@ -173,6 +176,7 @@ class PinTable(Generic[H]):
         benefit_s: float = 0.0,
         basis: str = "",
         handle: H | None = None,
+        program_arrival: float = 0.0,
         waiting_programs: Collection[str] = (),
     ) -> PinResult[H]:
         """Pin ``blocks`` for ``program_id`` until ``now + min(ttl_s, ttl_cap_s)``.
@@ -196,7 +200,16 @@ class PinTable(Generic[H]):
         if ttl <= 0 or blocks == 0:
             return PinResult(False, ttl, released, "zero ttl or no blocks")
         candidate: Pin[H] = Pin(
-            program_id, blocks, now, now + ttl, ttl, return_probability, benefit_s, basis, handle
+            program_id,
+            blocks,
+            now,
+            now + ttl,
+            ttl,
+            return_probability,
+            benefit_s,
+            basis,
+            handle,
+            program_arrival,
         )
         short = self._pinned_blocks + blocks - self.budget_blocks
         if short > 0:

@@ -8,6 +8,7 @@ from estimator.durations import DurationModel
 from estimator.hierarchy import Chain, DurationHierarchy, Level, Lookup
 from estimator.models import Models, WorkloadStats
 from estimator.policies import (
+    DEFAULT_TTL_CAP_S,
     POLICIES,
     CachettlPolicy,
     ContinuumPolicy,
@@ -25,6 +26,7 @@ from estimator.ttl import best_ttl_mixture, best_ttl_sorted, exponential_ttl, op
 from estimator.workload import MemoryFactor, QueueDelay, RemainingTurns
 
 __all__ = [
+    "DEFAULT_TTL_CAP_S",
     "POLICIES",
     "PROFILES",
     "CachettlPolicy",

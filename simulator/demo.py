@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from enginehook.cplink import to_tool_call
-from enginehook.tracker import ToolCallEvent
+from enginehook.lifecycle import FinishedTurn
+from enginehook.tracker import ProgramEndEvent, ToolCallEvent
 from estimator import Decision, RequestFacts
 from simulator.policies import Cachettl
 
@@ -89,17 +90,16 @@ class RemotePolicy(Cachettl):
         self.client = client
         self.calls = 0
 
-    def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:
+    def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
         self.calls += 1
         d = self.client.decide(facts)  # the engine's facts, load signals included
         return Decision(d.ttl_s, d.return_probability, d.expected_benefit_s, d.basis, d.benefit_s)
 
-    def observe_tool_call(self, event: ToolCallEvent) -> None:
+    def learn(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+        if isinstance(event, ProgramEndEvent):
+            return  # sent with the program id by the simulation callback (``_ProgramEnds``)
         self.calls += 1
         self.client.record_tool_calls([to_tool_call(event)])
-
-    def observe_program_end(self, turns: int, tenant: str) -> None:
-        pass  # sent with the program id by the simulation callback (``_ProgramEnds``)
 
 
 def _learned(client: Any, context_tokens: int) -> list[str]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from enginehook.rules import SchedulingRules
 from estimator import HardwareProfile, get_profile
 from simulator.steptime import StepTimer
 from simulator.trace import Program, Turn
@@ -33,6 +34,7 @@ from simulator.trace import Program, Turn
 __all__ = [
     "Calibration",
     "FittedStepTimer",
+    "HookPolicy",
     "StepSample",
     "calibration_from_log",
     "convert_trace",
@@ -42,18 +44,41 @@ __all__ = [
 ]
 
 
-def hook_policy(config: Any) -> str:
+@dataclass(frozen=True)
+class HookPolicy:
+    """The simulator's ``cachettl`` as a hook runs it: the hook's own
+    :class:`~enginehook.rules.SchedulingRules`, K and estimator settings."""
+
+    rules: SchedulingRules
+    params: dict[str, Any]
+
+    def make(self) -> Any:
+        """A fresh simulator policy (one per replay)."""
+        from simulator.policies import get_scheduling_policy
+
+        return get_scheduling_policy("cachettl", rules=self.rules, **self.params)
+
+    def with_rules(self, **changes: Any) -> HookPolicy:
+        """The same hook with some rules changed."""
+        return HookPolicy(self.rules.replace(**changes), self.params)
+
+    def describe(self) -> dict[str, Any]:
+        return {"rules": self.rules.as_dict(), **self.params}
+
+
+def hook_policy(config: Any) -> HookPolicy:
     """The simulator's ``cachettl`` set up as ``cachettl bench vllm`` sets up the hook
-    (``config``: an ``enginehook.bench.BenchConfig``): its K, TTL cap and program-order
-    window, the hook's own defaults for what the bench leaves unset (pin budget, pressure
-    rule; :class:`enginehook.config.HookConfig`), lowest-loss victims (the hook's
-    ``PinTable.pressure_victims``), and the estimator policy's defaults for the load-aware
-    cost and per-program η (the hook passes the same load signals the simulator does).
+    (``config``: an ``enginehook.bench.BenchConfig``): the hook's config as the bench
+    writes it (:func:`enginehook.bench.hook_settings`), its rules as they are (what the bench
+    leaves unset keeps the hook's defaults), the estimator's TTL cap where it is tighter
+    than the rules' cap, and the estimator policy's load-aware cost and per-program η.
 
     >>> from enginehook.bench import BenchConfig
-    >>> hook_policy(BenchConfig())  # doctest: +ELLIPSIS
-    'cachettl(min_samples=20,ttl_cap_s=30.0,budget_share=...,pressure=running,...)'
+    >>> hook = hook_policy(BenchConfig())
+    >>> hook.rules.ttl_cap_s, hook.rules.victim, hook.params["min_samples"]
+    (30.0, 'lowest-loss', 20)
     """
+    from enginehook.bench import hook_settings
     from enginehook.config import HookConfig
     from estimator import get_policy
 
@@ -61,15 +86,15 @@ def hook_policy(config: Any) -> str:
         raise ValueError(
             f"the fidelity check models the hook's 'cachettl' policy, not {config.policy!r}"
         )
-    hook = HookConfig(policy=config.policy, policy_params=dict(config.policy_params))
-    estimator: Any = get_policy("cachettl", **config.policy_params)
-    cap = min(float(config.policy_params.get("ttl_cap_s", hook.ttl_cap_s)), hook.ttl_cap_s)
-    return (
-        f"cachettl(min_samples={config.min_samples},ttl_cap_s={cap},"
-        f"budget_share={hook.budget_fraction},pressure={hook.pressure},victim=lowest-loss,"
-        f"order_window_s={config.order_window_s},load_aware={int(estimator.load_aware)},"
-        f"per_program={int(estimator.per_program)})"
-    )
+    hook = HookConfig.from_additional({"cachettl": hook_settings(config)})
+    estimator: Any = get_policy("cachettl", **hook.policy_params)
+    cap = min(float(estimator.ttl_cap_s), hook.rules.ttl_cap_s)
+    params = {
+        "min_samples": hook.min_samples,
+        "load_aware": bool(estimator.load_aware),
+        "per_program": bool(estimator.per_program),
+    }
+    return HookPolicy(hook.rules.replace(ttl_cap_s=cap), params)
 
 
 #: The cost-model profile the hook starts from (``HookConfig.profile``).
@@ -417,9 +442,10 @@ def predict(
     config: Any,
     prefill_timings: Sequence[tuple[int, float]] = (),
     repeats: int = 2,
-    hook_spec: str = "cachettl",
+    hook: HookPolicy | None = None,
 ) -> dict[str, Any]:
-    """Simulated stock (``vllm``) and hook (``hook_spec``) replays of ``programs``.
+    """Simulated stock (``vllm``) and hook (``hook``, default: ``cachettl``'s defaults)
+    replays of ``programs``.
 
     As in the bench, the hook's engine keeps what it learned across replays (duration
     models, η, T, prefill timings): replay ``k`` starts from replay ``k − 1``'s models.
@@ -445,12 +471,13 @@ def predict(
 
     profile = get_profile(HOOK_PROFILE)
     figures: dict[str, Any] = {}
-    for name, spec in (("stock", "vllm"), ("cachettl", hook_spec)):
+    ours = hook.make if hook is not None else lambda: get_scheduling_policy("cachettl")
+    for name, make in (("stock", lambda: get_scheduling_policy("vllm")), ("cachettl", ours)):
         jcts: list[float] = []
         hits = prompts = first_hits = first_prompts = 0
         models = None
         for _ in range(repeats):
-            policy = get_scheduling_policy(spec)
+            policy = make()
             sim = FirstAdmissions(programs, policy, profile, config, timer=timer)
             if sim.policy.models is not None:
                 if models is None:
@@ -508,7 +535,7 @@ def run_fidelity(
     spec = hook_policy(config)
     timings = calibration.prefill_timings
     predicted = predict(programs, timer, engine, timings, config.repeats, spec)
-    old_budget = re.sub(r"budget_share=[0-9.]+", "budget_share=0.3", spec)
+    old_budget = spec.with_rules(budget_share=0.3)
     roofline = StepTimer(get_profile(HOOK_PROFILE))
     variants: dict[str, float] = {}
     for label, p, t, e, h in (
@@ -533,7 +560,7 @@ def run_fidelity(
         "step_model": {**timer.describe(), **quality},
         "turn_overhead_s": calibration.turn_overhead_s,
         "engine": calibration.limits,
-        "hook_policy": spec,
+        "hook_policy": spec.describe(),
         "variants": variants,
         "step_log": str(log),
     }

@@ -1,28 +1,32 @@
 """A simulation run: programs → LLM turn → tool gap → next turn, on one engine.
 
-:class:`Simulation` owns the event loop, the engine, the pin table (the shipped
-:class:`enginehook.pins.PinTable`) and one scheduling policy. Tool calls are followed by the
-shipped :class:`enginehook.tracker.ToolCallTracker` (duration = next arrival − finish,
-pin outcome, admission delay), whose events the policy learns from at admission, as in
-the engine hook.
+:class:`Simulation` owns the event loop and the engine, and hosts the shipped
+:class:`enginehook.lifecycle.PinController` (the object the vLLM hook runs) with the
+policy's rules and TTLs: the controller pins finished turns, expires pins, releases them
+under pressure, orders the waiting queue and follows tool calls (duration = next arrival −
+finish, pin outcome, admission delay), whose events the policy learns from.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from enginehook.pins import Pin, PinTable, ReleaseReason
-from enginehook.tracker import ToolCallTracker
-from estimator import HardwareProfile, RequestFacts, get_profile
+from enginehook.lifecycle import FinishedTurn, PinController
+from enginehook.pins import Pin, ReleaseReason
+from enginehook.tracker import ProgramEndEvent, ToolCallEvent
+from estimator import HardwareProfile, get_profile
 from simulator.engine import Engine, EngineConfig, Request
 from simulator.loop import ARRIVAL, STEP_END, STEP_START, Event, EventLoop
-from simulator.policies import PinHandle, SchedulingPolicy, get_scheduling_policy
+from simulator.policies import SchedulingPolicy, get_scheduling_policy
 from simulator.steptime import StepTimer
 from simulator.trace import Program
 
-__all__ = ["ProgramResult", "RunResult", "Simulation", "simulate"]
+__all__ = ["PinHandle", "ProgramResult", "RunResult", "Simulation", "simulate"]
+
+#: What the simulator stores with a pin: the program's full blocks it caches.
+PinHandle = int
 
 
 @dataclass(slots=True)
@@ -123,19 +127,23 @@ class Simulation:
         profile = get_profile(hardware) if isinstance(hardware, str) else hardware
         self.timer = timer or StepTimer(profile)
         self.loop = EventLoop()
-        self.engine = Engine(self.config, self.timer, policy.key, self, policy.preemption_victim)
-        cap = policy.ttl_cap if math.isfinite(policy.ttl_cap) else 1e9
-        budget = int(policy.pin_budget_share * self.engine.pool.num_blocks)
-        self.pins: PinTable[PinHandle] = PinTable(
-            budget, ttl_cap_s=cap, on_release=self._on_pin_release
-        )
-        policy.bind(profile, self.engine.cpu is not None, self._pinned_programs)
+        victim = self._lowest_ranked if policy.preempt_by_order else None
+        self.engine = Engine(self.config, self.timer, self._key, self, victim)
+        policy.bind(profile, self.engine.cpu is not None)
         policy.other_context = self._running_context
+        self.controller: PinController[PinHandle] = PinController(
+            policy.rules,
+            self,
+            pool_blocks=self.engine.pool.num_blocks,
+            decider=policy if policy.uses_pins else None,
+            engine_id="sim",
+            cpu_tier=self.engine.cpu is not None,
+        )
+        self.pins = self.controller.pins
         self.on_program_end = on_program_end
         self.results: list[ProgramResult] = []
         self.pin_outcomes: dict[str, int] = {}
         self._states: dict[str, _State] = {}
-        self._trackers: dict[str, ToolCallTracker] = {}
         self.sample_every_s = 1.0
         self._next_sample = 0.0
         self.timeline: list[tuple[float, float, float, int, int]] = []
@@ -143,57 +151,61 @@ class Simulation:
         self._pinned_integral = 0.0
         self._steps = 0
 
-    # -- host interface used by the engine ---------------------------------------------
-    def _pinned_programs(self) -> PinTable[PinHandle]:
-        return self.pins  # a collection of program ids (``in`` is a dict lookup)
+    # -- the controller's host interface -------------------------------------------------
+    def _key(self, r: Request) -> tuple[object, ...]:
+        return self.controller.order_key(0, r.preempted, r.program_id, r.arrival, r.request_id)
+
+    def _lowest_ranked(self, running: list[Request]) -> Request:
+        return max(running, key=self._key)
 
     def _running_context(self) -> int:
         return sum(r.computed for r in self.engine.running)
 
-    def tracker(self, program_id: str) -> ToolCallTracker:
-        """The tool-call tracker of the program's tenant (the hook runs one per engine
-        and tenant)."""
-        tenant = self._states[program_id].program.tenant
-        tracker = self._trackers.get(tenant)
-        if tracker is None:
-            tracker = self._trackers[tenant] = ToolCallTracker("sim", tenant)
-        return tracker
+    def free_tokens(self) -> int:
+        return self.engine.pool.free * self.config.block_size
 
+    def waiting_requests(self) -> Iterator[tuple[str | None, int]]:
+        return ((r.program_id, r.prompt_tokens) for r in self.engine.waiting)
+
+    def waiting_programs(self) -> Collection[str]:
+        return self.engine.waiting_programs()
+
+    def pinned_tokens(self, pin: Pin[PinHandle]) -> int:
+        return (pin.handle or 0) * self.config.block_size
+
+    def pin_released(self, pin: Pin[PinHandle], reason: ReleaseReason) -> None:
+        self.pin_outcomes[reason.value] = self.pin_outcomes.get(reason.value, 0) + 1
+        if reason is not ReleaseReason.HIT and pin.handle is not None:
+            self.engine.pool.release(pin.program_id, pin.blocks, pin.handle)
+
+    def emit(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+        self.policy.learn(event)
+
+    # -- the engine's host interface -----------------------------------------------------
     def pinned_blocks_of(self, program_id: str) -> int:
         pin = self.pins.get(program_id)
-        return pin.handle[0] if pin is not None and pin.handle is not None else 0
+        return pin.handle if pin is not None and pin.handle is not None else 0
 
     def take_pin(self, request: Request, now: float) -> int:
-        pin = self.pins.admitted(request.program_id)
+        request.extra["tracked"] = True
+        pin = self.controller.admitted(request.program_id, now)
         if pin is None or pin.handle is None:
             return 0
-        given = min(pin.handle[0], (request.prompt_tokens - 1) // self.config.block_size)
-        request.extra["pin_hit"] = True
+        given = min(pin.handle, (request.prompt_tokens - 1) // self.config.block_size)
         self.engine.pool.release(request.program_id, pin.blocks - given, 0)
         return given
 
     def release_pins(self, needed: int, request: Request, now: float, running: bool) -> bool:
-        if not len(self.pins):
-            return False
-        victims = self.policy.victims(
-            list(self.pins),
+        released = self.controller.relieve(
             needed,
-            now,
-            self.engine.waiting_programs(),
-            running or request.preempted,
-            not self.engine.running,
+            request.program_id,
+            for_running=running or request.preempted,
+            nothing_running=not self.engine.running,
+            now=now,
         )
-        for pin in victims:
-            self.pins.release(pin.program_id, ReleaseReason.PRESSURE)
-        if victims:
+        if released:
             self.engine.waiting.mark_dirty()
-        return bool(victims)
-
-    def _on_pin_release(self, pin: Pin[PinHandle], reason: ReleaseReason) -> None:
-        self.pin_outcomes[reason.value] = self.pin_outcomes.get(reason.value, 0) + 1
-        self.tracker(pin.program_id).pin_released(pin.program_id, reason)
-        if reason is not ReleaseReason.HIT and pin.handle is not None:
-            self.engine.pool.release(pin.program_id, pin.blocks, pin.handle[0])
+        return released > 0
 
     def on_admit(self, request: Request, now: float) -> None:
         if request.first_admitted_at is not None:
@@ -202,85 +214,42 @@ class Simulation:
         state: _State = request.extra["state"]
         if request.turn == 0:
             state.first_wait = now - request.arrival
-            return
-        pin_held = bool(request.extra.get("pin_hit"))
-        program_id = state.program.program_id
-        event = self.tracker(program_id).admitted(program_id, now, pin_held=pin_held)
-        if event is not None:
-            self.policy.observe_tool_call(event)
+        if not request.extra.get("tracked"):
+            pin = self.controller.admitted(request.program_id, now)
+            if pin is not None and pin.handle is not None:  # a pin of a sub-block prefix
+                self.engine.pool.release(pin.program_id, pin.blocks, pin.handle)
 
     def on_finish(self, request: Request, now: float) -> None:
         state: _State = request.extra["state"]
         program = state.program
-        self.policy.observe_service(program.program_id, now - (request.admitted_at or now))
         state.context = request.computed + 1
         turn = program.turns[request.turn]
-        if turn.tool is None:
-            self.engine.finish_release(request)
-            self.pins.program_end(program.program_id)
-            tracker = self.tracker(program.program_id)
-            tracker.finished(program.program_id, now, tool=None)
-            end = tracker.program_end(program.program_id, now)
-            if end is not None:
-                self.policy.observe_program_end(end.total_turns, program.tenant)
-            self._record(state, now)
-            return
-        self._pin_or_release(request, state, now)
-        self.loop.schedule(_Arrival(now + turn.tool_duration_s, self, state))
-
-    def _pin_or_release(self, request: Request, state: _State, now: float) -> None:
-        turn = state.program.turns[request.turn]
-        program_id = state.program.program_id
-        if not self.policy.uses_pins or turn.tool is None:
-            self.engine.finish_release(request)
-            tracker = self.tracker(program_id)
-            tracker.finished(program_id, now, tool=turn.tool, tool_args=turn.tool_args)
-            return
-        facts = RequestFacts(
-            tool=self.policy.tool_key(turn.tool, turn.tool_args),
-            tool_args=turn.tool_args,
-            context_tokens=request.computed,
-            tenant=state.program.tenant,
-            program_id=state.program.program_id,
-            turns_served=request.turn + 1,
-            offload=self.engine.cpu is not None,
-            waiting_tokens=self._waiting_demand(),
-            free_tokens=self.engine.pool.free * self.config.block_size,
-        )
-        decision = self.policy.decide(facts, turn.tool_duration_s, now)
+        cpu = self.engine.cpu is not None
         full = request.computed // self.config.block_size
-        result = self.pins.pin(
-            state.program.program_id,
-            request.blocks,
+        finish = self.controller.finished(
+            FinishedTurn(
+                program.program_id,
+                turn.tool,
+                turn.tool_args,
+                context_tokens=request.computed,
+                tenant=program.tenant,
+                last_turn=turn.tool is None,
+                offloaded_tokens=full * self.config.block_size if cpu else None,
+                service_s=now - (request.admitted_at or now),
+                true_duration_s=turn.tool_duration_s,
+            ),
             now,
-            decision.ttl_s,
-            return_probability=decision.return_probability,
-            benefit_s=decision.benefit_s,
-            basis=decision.basis,
-            handle=(full, state.program.arrival_s),
+            lambda: (request.blocks, full),
         )
-        self.tracker(program_id).finished(
-            program_id,
-            now,
-            tool=turn.tool,
-            tool_args=turn.tool_args,
-            ttl_s=result.ttl_s if result.pinned else 0.0,
-            pinned=result.pinned,
-            basis=decision.basis,
-        )
-        if result.pinned:
+        if finish.pinned:
             request.blocks = 0
             self.engine.waiting.mark_dirty()
         else:
             self.engine.finish_release(request)
-
-    def _waiting_demand(self) -> int:
-        """KV tokens the waiting requests still need (their prompts less pinned blocks)."""
-        size = self.config.block_size
-        total = 0
-        for r in self.engine.waiting:
-            total += max(0, r.prompt_tokens - self.pinned_blocks_of(r.program_id) * size)
-        return total
+        if turn.tool is None:
+            self._record(state, now)
+            return
+        self.loop.schedule(_Arrival(now + turn.tool_duration_s, self, state))
 
     def _record(self, state: _State, now: float) -> None:
         program = state.program
@@ -302,8 +271,7 @@ class Simulation:
         k = state.next_turn
         state.next_turn += 1
         turn = program.turns[k]
-        if k > 0:
-            self.tracker(program.program_id).arrived(program.program_id, now)
+        self.controller.arrived(program.program_id, now, now, program.tenant)
         request = Request(
             f"{program.program_id}#{k}",
             program.program_id,
@@ -339,9 +307,8 @@ class Simulation:
     def start_step(self, now: float, horizon: float) -> Iterable[Event]:
         if now >= self._next_sample:
             self._sample(now)
-        if len(self.pins):
-            for _ in self.pins.expire(now, self.engine.waiting_programs()):
-                self.engine.waiting.mark_dirty()
+        if self.controller.expire(now):
+            self.engine.waiting.mark_dirty()
         scheduled, reload, blocked = self.engine.schedule(now)
         if not scheduled:
             self._stepping = False

@@ -20,7 +20,7 @@ from typing import Any
 from simulator.bench import rate_for_slowdown
 from simulator.engine import EngineConfig
 from simulator.metrics import PolicyMetrics, isolated_jct
-from simulator.ours import BASE, IMPROVEMENTS
+from simulator.policies import BASE, IMPROVEMENTS
 from simulator.report import run_policies
 from simulator.trace import Program, redraw_arrivals
 from simulator.workloads import generate

@@ -232,9 +232,9 @@ def test_tier_settings_are_validated_and_replace_the_plain_ones():
     config = HookConfig.from_additional(
         {"cachettl": {"tier_pressure": "running", "tier_order_window_s": 5}}
     )
-    assert config.rules(cpu_tier=True) == (PressureRule.RUNNING, 5.0)
-    assert config.rules(cpu_tier=False) == (PressureRule.RUNNING, 0.0)
+    assert config.rules.in_force(cpu_tier=True) == (PressureRule.RUNNING, 5.0)
+    assert config.rules.in_force(cpu_tier=False) == (PressureRule.RUNNING, 0.0)
     with pytest.raises(ValueError, match="pressure must be one of: running, always, never"):
         HookConfig.from_additional({"cachettl": {"tier_pressure": "sometimes"}})
-    with pytest.raises(ValueError, match="tier_order_window_s must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="tier_order_window_s must be a finite number >= 0"):
         HookConfig.from_additional({"cachettl": {"tier_order_window_s": -1}})

@@ -21,8 +21,7 @@ from simulator.fidelity import (
     predict,
     read_calibration,
 )
-from simulator.ours import Cachettl
-from simulator.policies import get_scheduling_policy
+from simulator.policies import Cachettl
 
 TRUE = (2e-3, 3e-4, 1e-5, 5e-9, 2e-8)
 
@@ -132,21 +131,18 @@ def test_calibration_reads_steps_overhead_and_limits():
 
 def test_hook_policy_follows_the_bench_and_the_hook_defaults():
     config = BenchConfig()
-    policy = get_scheduling_policy(hook_policy(config))
+    policy = hook_policy(config).make()
     assert isinstance(policy, Cachettl)
     hook = HookConfig()  # what the bench leaves at the hook's defaults
     assert policy.min_samples == config.min_samples == 20
-    assert policy.ttl_cap_s == 30.0
-    assert policy.budget_share == hook.budget_fraction
-    assert policy.pressure.value == hook.pressure == "running"
-    assert policy.victim == "lowest-loss"
-    assert policy.order_window_s == config.order_window_s == 0.0
+    assert policy.rules == hook.rules.replace(ttl_cap_s=30.0)  # the hook's rules object
     estimator: Any = get_policy("cachettl")
     assert policy.load_aware == estimator.load_aware
     assert policy.per_program == estimator.per_program
-    windowed = get_scheduling_policy(hook_policy(BenchConfig(order_window_s=0.25)))
-    assert isinstance(windowed, Cachettl)
-    assert windowed.order_window_s == 0.25
+    windowed = hook_policy(BenchConfig(order_window_s=0.25)).make()
+    assert windowed.rules.order_window_s == 0.25
+    halved = hook_policy(config).with_rules(budget_share=0.5).make()
+    assert halved.rules.budget_share == 0.5
     with pytest.raises(ValueError, match="'fixed'"):
         hook_policy(BenchConfig(policy="fixed"))
 

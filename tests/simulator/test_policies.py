@@ -2,6 +2,8 @@
 
 import pytest
 
+from enginehook.lifecycle import FinishedTurn
+from enginehook.rules import SchedulingRules
 from estimator import RequestFacts
 from simulator.engine import EngineConfig, Request
 from simulator.policies import POLICIES, get_scheduling_policy, paper_tool_key
@@ -33,48 +35,62 @@ def test_registry_names_and_error():
         get_scheduling_policy("lifo")
 
 
+def _sim(spec: str, requests: list[Request], pinned: tuple[str, ...] = ()) -> Simulation:
+    """A simulation whose controller has seen ``requests``' programs arrive and holds a
+    pin for each program in ``pinned``."""
+    sim = Simulation([], get_scheduling_policy(spec), HW)
+    for r in requests:
+        sim.controller.arrived(r.program_id, r.program_arrival, r.program_arrival)
+    for program in pinned:
+        sim.pins.pin(program, 1, 0.0, 60.0, handle=1)
+    return sim
+
+
+def _turn(tool_duration_s: float = 1.0) -> FinishedTurn:
+    return FinishedTurn("p", "bash", "ls", context_tokens=100, true_duration_s=tool_duration_s)
+
+
 def test_vllm_is_request_fcfs_and_continuum_is_program_fcfs_with_pins_first():
     old = _request("old", arrival=10.0, program_arrival=0.0)
     new = _request("new", arrival=5.0, program_arrival=4.0)
     pinned = _request("pinned", arrival=11.0, program_arrival=6.0)
     preempted = _request("pre", arrival=12.0, program_arrival=9.0, preempted=True)
-    vllm = get_scheduling_policy("vllm")
-    order = sorted([old, new, pinned, preempted], key=vllm.key)
-    assert [r.program_id for r in order] == ["pre", "new", "old", "pinned"]
-    continuum = get_scheduling_policy("continuum")
-    continuum.bind(HW, False, lambda: {"pinned"})
-    order = sorted([old, new, pinned, preempted], key=continuum.key)
+    queue = [old, new, pinned, preempted]
+    vllm = _sim("vllm", queue, pinned=("pinned",))
+    assert [r.program_id for r in sorted(queue, key=vllm._key)] == ["pre", "new", "old", "pinned"]
+    continuum = _sim("continuum", queue, pinned=("pinned",))
+    order = sorted(queue, key=continuum._key)
     assert [r.program_id for r in order] == ["pre", "pinned", "old", "new"]
-    preview = get_scheduling_policy("continuum-preview")
-    preview.bind(HW, False, lambda: {"pinned"})
-    order = sorted([old, new, pinned, preempted], key=preview.key)
+    preview = _sim("continuum-preview", queue, pinned=("pinned",))
+    order = sorted(queue, key=preview._key)
     assert [r.program_id for r in order] == ["pinned", "old", "new", "pre"]
 
 
 def test_autellix_serves_least_attained_service_first():
-    policy = get_scheduling_policy("autellix")
-    policy.observe_service("busy", 5.0)
     busy = _request("busy", arrival=1.0, program_arrival=0.0)
     fresh = _request("fresh", arrival=2.0, program_arrival=2.0)
-    assert sorted([busy, fresh], key=policy.key)[0] is fresh
+    sim = _sim("autellix", [busy, fresh])
+    take = lambda: (0, 0)  # noqa: E731  (never pins)
+    sim.controller.finished(FinishedTurn("busy", "bash", service_s=5.0), 1.0, take)
+    assert sorted([busy, fresh], key=sim._key)[0] is fresh
 
 
 def test_infercept_ttl_is_the_discard_waste_break_even():
     policy = get_scheduling_policy("infercept")
-    policy.bind(HW, False, frozenset)
+    policy.bind(HW, False)
     policy.other_context = lambda: 30_000
     facts = RequestFacts(tool="bash", tool_args="ls", context_tokens=10_000)
     assert policy.models is not None
     forward = policy.models.cost.prefill_s(10_000)
-    assert policy.decide(facts, 1.0, 0.0).ttl_s == pytest.approx(forward * 4.0)
+    assert policy.decide(facts, _turn()).ttl_s == pytest.approx(forward * 4.0)
 
 
 def test_oracle_pins_exactly_when_it_pays():
     policy = get_scheduling_policy("oracle")
-    policy.bind(HW, False, frozenset)
+    policy.bind(HW, False)
     facts = RequestFacts(tool="bash", tool_args="ls", context_tokens=60_000)
-    assert policy.decide(facts, 0.1, 0.0).ttl_s == pytest.approx(0.1, abs=1e-5)
-    assert policy.decide(facts, 600.0, 0.0).ttl_s == 0.0
+    assert policy.decide(facts, _turn(0.1)).ttl_s == pytest.approx(0.1, abs=1e-5)
+    assert policy.decide(facts, _turn(600.0)).ttl_s == 0.0
 
 
 def test_paper_tool_key():
@@ -101,16 +117,16 @@ def test_continuum_learns_durations_eta_and_queue_delay_online():
 def test_policy_specs_with_parameters():
     policy = get_scheduling_policy("continuum(pressure=running, victim=lowest-loss)")
     assert policy.label == "continuum(pressure=running, victim=lowest-loss)"
-    assert policy.pressure.value == "running"  # type: ignore[attr-defined]
+    assert policy.rules.pressure.value == "running"
     capped = get_scheduling_policy("cachettl(ttl_cap_s=30,budget_share=0.25)")
-    assert capped.ttl_cap == 30.0
-    assert capped.pin_budget_share == 0.25
-    assert get_scheduling_policy("cachettl").ttl_cap == 300.0
+    assert capped.rules.ttl_cap_s == 30.0
+    assert capped.rules.budget_share == 0.25
+    assert get_scheduling_policy("cachettl").rules == SchedulingRules()
     with pytest.raises(ValueError, match="no parameter 'foo'; valid: budget_share, min_samples"):
         get_scheduling_policy("continuum(foo=1)")
-    with pytest.raises(ValueError, match="parameter 'victim': must be one of"):
+    with pytest.raises(ValueError, match="policy 'continuum': victim must be one of: latest"):
         get_scheduling_policy("continuum(victim=random)")
-    with pytest.raises(ValueError, match="parameter 'ttl_cap_s'"):
+    with pytest.raises(ValueError, match="policy 'cachettl': ttl_cap_s must be a number >= 0"):
         get_scheduling_policy("cachettl(ttl_cap_s=-1)")
     with pytest.raises(ValueError, match="has no parameter 'pressure'; valid: none"):
         get_scheduling_policy("vllm(pressure=always)")
@@ -130,12 +146,13 @@ def test_pin_budget_and_cap_reach_the_pin_table():
 
 
 def test_autellix_preempts_the_worst_priority_running_request():
-    policy = get_scheduling_policy("autellix")
-    policy.observe_service("heavy", 10.0)
     light = _request("light", arrival=5.0, program_arrival=5.0)
     heavy = _request("heavy", arrival=1.0, program_arrival=0.0)
-    assert policy.preemption_victim([heavy, light]) is heavy
-    assert get_scheduling_policy("vllm").preemption_victim([heavy, light]) is light
+    sim = _sim("autellix", [light, heavy])
+    take = lambda: (0, 0)  # noqa: E731  (never pins)
+    sim.controller.finished(FinishedTurn("heavy", "bash", service_s=10.0), 1.0, take)
+    assert sim.engine._victim([heavy, light]) is heavy
+    assert _sim("vllm", [light, heavy]).engine._victim([heavy, light]) is light
 
 
 def test_tool_keys_follow_the_paper_for_continuum_and_the_hook_for_cachettl():
@@ -146,7 +163,7 @@ def test_tool_keys_follow_the_paper_for_continuum_and_the_hook_for_cachettl():
     assert key == "cd"
     assert continuum.models is not None
     decision = continuum.decide(
-        RequestFacts(tool=key, tool_args="cd /testbed && grep x", context_tokens=30_000), 0.0, 0.0
+        RequestFacts(tool=key, tool_args="cd /testbed && grep x", context_tokens=30_000), _turn()
     )
     assert decision.basis == "tool"  # cd has > 100 samples: its own CDF, not the pooled one
     ours = get_scheduling_policy("cachettl")

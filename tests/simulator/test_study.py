@@ -9,9 +9,9 @@ import pytest
 
 from controlplane.cli import main
 from enginehook.pressure import PressureRule
+from enginehook.rules import SchedulingRules
 from simulator.engine import EngineConfig
-from simulator.ours import BASE, IMPROVEMENTS, Cachettl
-from simulator.policies import get_scheduling_policy
+from simulator.policies import BASE, IMPROVEMENTS, Cachettl, get_scheduling_policy
 from simulator.sim import Simulation, simulate
 from simulator.study import (
     UNLIMITED_KV,
@@ -44,11 +44,11 @@ def test_each_switch_changes_the_policy_it_names() -> None:
     for on in IMPROVEMENTS.values():
         policy = get_scheduling_policy(cachettl_spec({**BASE, **on}))
         for key, value in on.items():
-            assert getattr(policy, key) == value
+            where = policy.rules if key in SchedulingRules.names() else policy
+            assert getattr(where, key) == value
     default = get_scheduling_policy("cachettl")
     assert default.keys == "invocation"  # type: ignore[attr-defined]
-    assert default.ttl_cap == 300.0
-    assert default.pin_budget_share == 1.0
+    assert default.rules == SchedulingRules()
     with pytest.raises(ValueError, match="parameter 'keys': must be one of: invocation, tool"):
         get_scheduling_policy("cachettl(keys=word)")
     with pytest.raises(ValueError, match="parameter 'drift': must be one of: 0, 1"):
@@ -62,9 +62,9 @@ def test_simulator_feeds_load_signals_and_progress() -> None:
     policy = get_scheduling_policy("cachettl(load_aware=1,per_program=1)")
     decide = policy.decide
 
-    def spy(facts, duration, now):
+    def spy(facts, turn):
         seen.append(facts)
-        return decide(facts, duration, now)
+        return decide(facts, turn)
 
     policy.decide = spy  # type: ignore[method-assign]
     Simulation(_trace(30, 0.2), policy).run()
@@ -183,28 +183,28 @@ def test_everything_off_decides_as_continuum_with_a_cpu_tier_too() -> None:
 
 
 def test_tier_settings_replace_pressure_and_order_window_only_with_a_tier() -> None:
-    policy = get_scheduling_policy("cachettl(tier_window_s=3)")
+    policy = get_scheduling_policy("cachettl(tier_order_window_s=3)")
     assert isinstance(policy, Cachettl)
-    assert (policy.pressure, policy.order_window_s) == (PressureRule.RUNNING, 0.0)
-    Simulation(_trace(10), policy, config=EngineConfig(cpu_tier_tokens=400_000)).run()
-    assert (policy.pressure, policy.order_window_s) == (PressureRule.ALWAYS, 3.0)
-    Simulation(_trace(10), policy).run()  # the same object on an engine without a tier
-    assert (policy.pressure, policy.order_window_s) == (PressureRule.RUNNING, 0.0)
-    with pytest.raises(ValueError, match="parameter 'tier_pressure': pressure must be one of"):
+    tiered = Simulation(_trace(10), policy, config=EngineConfig(cpu_tier_tokens=400_000))
+    rules = tiered.controller
+    assert (rules.pressure_rule, rules.order_window_s) == (PressureRule.ALWAYS, 3.0)
+    tiered.run()
+    plain = Simulation(_trace(10), policy).controller  # the same policy without a tier
+    assert (plain.pressure_rule, plain.order_window_s) == (PressureRule.RUNNING, 0.0)
+    with pytest.raises(ValueError, match="tier_pressure must be one of"):
         get_scheduling_policy("cachettl(tier_pressure=sometimes)")
 
 
 def test_the_engine_hook_and_the_estimator_ship_the_defaults_the_ablation_chose() -> None:
     from enginehook.config import HookConfig
     from estimator import CachettlPolicy
-    from simulator.ours import DEFAULTS
+    from simulator.policies import DEFAULTS
 
     hook = HookConfig()
     assert hook.policy == "cachettl"
-    assert hook.rules(cpu_tier=False) == (DEFAULTS["pressure"], DEFAULTS["order_window_s"])
-    assert hook.rules(cpu_tier=True) == (DEFAULTS["tier_pressure"], DEFAULTS["tier_window_s"])
-    assert hook.budget_fraction == DEFAULTS["budget_share"]
-    assert hook.ttl_cap_s == DEFAULTS["ttl_cap_s"]
+    assert hook.rules == get_scheduling_policy("cachettl").rules  # one object, both hosts
+    for name in SchedulingRules.names():
+        assert getattr(hook.rules, name) == DEFAULTS[name]
     assert hook.min_samples == DEFAULTS["min_samples"]
     policy = CachettlPolicy()
     assert policy.load_aware == DEFAULTS["load_aware"]

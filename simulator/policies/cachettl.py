@@ -20,12 +20,13 @@ victim              ``lowest-loss`` (waiting programs last)                     
 pressure            ``running``: release pins only for running work              always
 order_window_s      bound on a returning turn's program-order head start         0
 tier_pressure       ``pressure`` where a CPU tier exists (a miss is a reload)    always
-tier_window_s       ``order_window_s`` where a CPU tier exists                   0
+tier_order_window_s ``order_window_s`` where a CPU tier exists                   0
 ==================  ===========================================================  =========
 
 With a CPU tier a lost pin costs a reload, not a prefill, and keeping returning programs
 first mostly moves the queue onto new arrivals; the tier settings replace ``pressure`` and
-``order_window_s`` there (simulator/README.md, "With a CPU tier").
+``order_window_s`` there (simulator/README.md, "With a CPU tier"). The rule switches are
+:class:`enginehook.rules.SchedulingRules` fields, whose defaults are ``cachettl``'s.
 """
 
 from __future__ import annotations
@@ -33,23 +34,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from enginehook.pressure import PressureRule
-from estimator import (
-    Decision,
-    RequestFacts,
-    SignatureRegistry,
-    TtlPolicy,
-    get_policy,
-)
-from simulator.policies import (
-    Param,
-    _Pinning,
-    paper_tool_key,
-    register_scheduling_policy,
-    with_defaults,
-)
+from enginehook.lifecycle import FinishedTurn
+from enginehook.rules import SchedulingRules
+from estimator import Decision, RequestFacts, SignatureRegistry, TtlPolicy, get_policy
+from simulator.policies.base import Param, paper_tool_key, register_scheduling_policy, rule_params
+from simulator.policies.pinning import PAPER_RULES, PinningPolicy
 
-__all__ = ["BASE", "DEFAULTS", "IMPROVEMENTS", "Cachettl"]
+__all__ = ["BASE", "DEFAULTS", "IMPROVEMENTS", "RULES", "Cachettl"]
 
 
 def _flag(value: str) -> bool:
@@ -81,6 +72,21 @@ def _floor(value: str) -> float:
     return number
 
 
+#: The rules ``cachettl`` runs with by default: :class:`SchedulingRules`' own defaults.
+RULES = SchedulingRules()
+
+#: The estimator settings of ``cachettl`` (chosen by the ablation; simulator/README.md).
+_ESTIMATOR_DEFAULTS: dict[str, Any] = {
+    "keys": "invocation",
+    "prior_samples": 0.0,
+    "load_aware": True,
+    "load_floor": 0.25,
+    "drift": True,
+    "share": False,
+    "per_program": True,
+    "cpu_reload": True,
+}
+
 #: Every improvement off: the paper's policy (``continuum``) expressed as ``cachettl``.
 BASE: dict[str, Any] = {
     "keys": "tool",
@@ -90,13 +96,11 @@ BASE: dict[str, Any] = {
     "share": False,
     "per_program": False,
     "cpu_reload": True,  # the paper's PrefillReload(r): a reload where a tier holds the KV
-    "ttl_cap_s": float("inf"),
-    "budget_share": 1.0,
-    "victim": "latest-arrival",
-    "pressure": PressureRule.ALWAYS,
-    "order_window_s": 0.0,
-    "tier_pressure": PressureRule.ALWAYS,
-    "tier_window_s": 0.0,
+    **dataclasses.asdict(
+        PAPER_RULES.replace(
+            tier_pressure=PAPER_RULES.pressure, tier_order_window_s=PAPER_RULES.order_window_s
+        )
+    ),
 }
 
 #: Each improvement's "on" setting (what the ablation turns on alone).
@@ -107,31 +111,20 @@ IMPROVEMENTS: dict[str, dict[str, Any]] = {
     "drift forgetting": {"drift": True},
     "shared priors": {"share": True},
     "per-program eta": {"per_program": True},
-    "TTL cap 300 s": {"ttl_cap_s": 300.0},
+    f"TTL cap {RULES.ttl_cap_s:g} s": {"ttl_cap_s": RULES.ttl_cap_s},
     "pin budget 30 %": {"budget_share": 0.3},
     "lowest-loss victims": {"victim": "lowest-loss"},
-    "running-only pressure": {"pressure": PressureRule.RUNNING},
+    "running-only pressure": {"pressure": RULES.pressure},
     "order window 30 s": {"order_window_s": 30.0},
 }
 
-#: The defaults of ``cachettl`` (chosen by the ablation; see simulator/README.md).
+_MIN_SAMPLES = PinningPolicy.PARAMS["min_samples"]
+
+#: The defaults of ``cachettl``: its estimator settings, K and its rules.
 DEFAULTS: dict[str, Any] = {
-    "keys": "invocation",
-    "prior_samples": 0.0,
-    "load_aware": True,
-    "load_floor": 0.25,
-    "drift": True,
-    "share": False,
-    "per_program": True,
-    "cpu_reload": True,
-    "ttl_cap_s": 300.0,
-    "budget_share": 1.0,
-    "victim": "lowest-loss",
-    "pressure": PressureRule.RUNNING,
-    "order_window_s": 0.0,
-    "tier_pressure": PressureRule.ALWAYS,
-    "tier_window_s": 5.0,
-    "min_samples": 100,
+    **_ESTIMATOR_DEFAULTS,
+    "min_samples": _MIN_SAMPLES.default,
+    **dataclasses.asdict(RULES),
 }
 
 _OWN = {
@@ -151,28 +144,16 @@ _OWN = {
 
 
 @register_scheduling_policy
-class Cachettl(_Pinning):
+class Cachettl(PinningPolicy):
     """Ours (estimator policy ``cachettl``); every improvement is a parameter."""
 
     name = "cachettl"
-    help = "ours (estimator 'cachettl'); each improvement a parameter, see simulator/ours.py"
+    help = "ours (estimator 'cachettl'); each improvement a parameter, see simulator/policies"
     estimator_policy = "cachettl"
+    RULES = RULES
     PARAMS: ClassVar[dict[str, Param]] = {
-        **with_defaults(
-            **{
-                k: DEFAULTS[k]
-                for k in (
-                    "pressure",
-                    "victim",
-                    "ttl_cap_s",
-                    "budget_share",
-                    "tier_pressure",
-                    "tier_window_s",
-                )
-            },
-            min_samples=DEFAULTS["min_samples"],
-            order_window_s=DEFAULTS["order_window_s"],
-        ),
+        **rule_params(RULES),
+        "min_samples": _MIN_SAMPLES,
         **_OWN,
     }
     keys: str
@@ -187,7 +168,7 @@ class Cachettl(_Pinning):
     def ttl_policy(self) -> TtlPolicy:
         return get_policy(
             "cachettl",
-            ttl_cap_s=min(self.ttl_cap_s, 1e9),  # the estimator takes finite caps only
+            ttl_cap_s=min(self.rules.ttl_cap_s, 1e9),  # the estimator takes finite caps only
             load_aware=self.load_aware,
             load_floor=self.load_floor,
             per_program=self.per_program,
@@ -206,7 +187,7 @@ class Cachettl(_Pinning):
     def signatures(self) -> SignatureRegistry:
         return SignatureRegistry()  # the estimator's default, as shipped
 
-    def decide(self, facts: RequestFacts, true_duration_s: float, now: float) -> Decision:
+    def choose(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
         assert self.models is not None
         facts = dataclasses.replace(
             facts,
