@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from enginehook.cplink import to_tool_call
+from enginehook.cplink import to_program_end, to_tool_call
 from enginehook.lifecycle import FinishedTurn
 from enginehook.tracker import ProgramEndEvent, ToolCallEvent
 from estimator import Decision, RequestFacts
@@ -96,10 +96,13 @@ class RemotePolicy(Cachettl):
         return Decision(d.ttl_s, d.return_probability, d.expected_benefit_s, d.basis, d.benefit_s)
 
     def learn(self, event: ToolCallEvent | ProgramEndEvent) -> None:
-        if isinstance(event, ProgramEndEvent):
-            return  # sent with the program id by the simulation callback (``_ProgramEnds``)
+        """Report the controller's event through the engine hook's own conversion."""
         self.calls += 1
-        self.client.record_tool_calls([to_tool_call(event)])
+        if isinstance(event, ToolCallEvent):
+            self.client.record_tool_calls([to_tool_call(event)])
+            return
+        end = to_program_end(event)
+        self.client.record_program_end(end.program_id, end.total_turns, end.finished_at)
 
 
 def _learned(client: Any, context_tokens: int) -> list[str]:
@@ -138,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     from simulator.engine import EngineConfig
     from simulator.metrics import isolated_jct, summarise
     from simulator.report import format_table, parse_policies, run_policies
-    from simulator.sim import ProgramResult, Simulation
+    from simulator.sim import Simulation
     from simulator.workloads import generate
 
     if args.programs < 1:
@@ -159,13 +162,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"control plane on {target} ({db})")
         client = stack.enter_context(ControlPlaneClient(target, token, timeout_s=30.0))
         policy = RemotePolicy(client)
-
-        def ended(result: ProgramResult) -> None:
-            client.record_program_end(result.program_id, result.turns)
-            policy.calls += 1
-
         print(f"replaying {len(programs)} SWE-shaped programs at {args.rate}/s on {args.hardware}")
-        sim = Simulation(programs, policy, args.hardware, config, ended)
+        sim = Simulation(programs, policy, args.hardware, config)
         remote = sim.run()
         print(f"  {policy.calls} gRPC calls to the control plane")
         print()
