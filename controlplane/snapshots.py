@@ -11,36 +11,17 @@ snapshot of a tenant with ten thousand tools never stalls decisions.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
-from typing import TypeVar
 
 from google.protobuf.duration_pb2 import Duration
 
 from controlplane import inspection
 from controlplane._gen.cachettl.v1 import model_pb2
-from controlplane.state import ModelState
+from controlplane.state import ModelState, in_slices
 from estimator import DurationModel
 
 __all__ = ["SnapshotPayloads", "in_slices"]
 
-T = TypeVar("T")
 _Entry = tuple[DurationModel, int, bytes]  # (model, its n_seen, serialized ToolModel field)
-
-
-def in_slices(
-    lock: threading.RLock, items: list[T], work: Callable[[T], None], slice_s: float
-) -> None:
-    """``work(item)`` for each item in order, holding ``lock`` about ``slice_s`` at a time."""
-    i = 0
-    while i < len(items):
-        with lock:
-            deadline = time.perf_counter() + slice_s
-            while i < len(items):
-                work(items[i])
-                i += 1
-                if time.perf_counter() >= deadline:
-                    break
 
 
 def _model_field(key: inspection.ModelKey, model: DurationModel) -> bytes:

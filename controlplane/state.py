@@ -11,11 +11,14 @@ learned, plus, for a sharing tenant, the publications of shared models (see
 
 from __future__ import annotations
 
+import copyreg
+import io
 import pickle
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from controlplane.records import PinOutcome, StoredProgramEnd, StoredToolCall
 from controlplane.sharing import SharedModels, SharingRules
@@ -28,8 +31,9 @@ __all__ = ["ModelState", "PinCounts"]
 _RELEASED = (PinOutcome.EXPIRED, PinOutcome.RELEASED_UNDER_PRESSURE, PinOutcome.NOT_PINNED)
 #: Layout of the state; a snapshot of another layout is not reused (the log is replayed).
 FORMAT = 2
-#: Models pickled per hold of the lock when writing a snapshot.
-PICKLE_SLICE = 64
+#: How long pickling holds the owner's lock at a time (one model more at most).
+LOCK_SLICE_S = 0.002
+T = TypeVar("T")
 
 
 @dataclass
@@ -159,71 +163,69 @@ class ModelState:
     def dumps(self, lock: threading.RLock | None = None) -> tuple[bytes, int, int]:
         """Pickle the state; returns ``(payload, tool_seq, end_seq)`` of what it holds.
 
-        With ``lock`` (the owner's), duration models are pickled ``PICKLE_SLICE`` at a
-        time, each slice under the lock, and the rest (with those changed meanwhile
-        pickled again) under one last hold: learning and decisions wait for a slice at
-        a time, never for the whole state.
+        With ``lock`` (the owner's), each duration model is first pickled on its own,
+        holding the lock about ``LOCK_SLICE_S`` at a time; one last hold pickles the
+        rest, embedding those blobs (models changed meanwhile are pickled again). So
+        learning and decisions wait for a slice at a time, never for the whole state.
         """
-        blobs: dict[int, tuple[int, bytes]] = {}
-        if lock is not None:
+        blobs: dict[int, tuple[DurationModel, int, bytes]] = {}
+
+        def blob(model: DurationModel) -> None:
+            blobs[id(model)] = (model, model.n_seen, pickle.dumps(model, _PROTOCOL))
+
+        if lock is None:
+            lock = threading.RLock()
+        else:
             with lock:
                 models = self._duration_models()
-            for start in range(0, len(models), PICKLE_SLICE):
-                with lock:
-                    for model in models[start : start + PICKLE_SLICE]:
-                        blobs[id(model)] = (model.n_seen, pickle.dumps(model, _PROTOCOL))
-        with lock or threading.RLock():
-            return self._dumps_skeleton(blobs), self.tool_seq, self.end_seq
+            in_slices(lock, models, blob, LOCK_SLICE_S)
+        with lock:
+            return self._dumps_with(blobs), self.tool_seq, self.end_seq
 
     def _duration_models(self) -> list[DurationModel]:
         found = [model for _, model in self.models.durations.items()]
         found += [shared.raw for shared in self.shared.tools.values()]
         return found
 
-    def _dumps_skeleton(self, blobs: dict[int, tuple[int, bytes]]) -> bytes:
-        import io
+    def _dumps_with(self, blobs: dict[int, tuple[DurationModel, int, bytes]]) -> bytes:
+        def reduce(model: DurationModel) -> tuple[Callable[[bytes], Any], tuple[bytes]]:
+            cached = blobs.get(id(model))
+            if cached is not None and cached[0] is model and cached[1] == model.n_seen:
+                return pickle.loads, (cached[2],)
+            return pickle.loads, (pickle.dumps(model, _PROTOCOL),)
 
-        parts: list[bytes] = []
-        keep: list[DurationModel] = []  # ids stay valid while pickling
         buffer = io.BytesIO()
         pickler = pickle.Pickler(buffer, _PROTOCOL)
-
-        def persistent_id(obj: object) -> int | None:
-            if not isinstance(obj, DurationModel):
-                return None
-            cached = blobs.get(id(obj))
-            fresh = cached is not None and cached[0] == obj.n_seen
-            parts.append(cached[1] if fresh and cached else pickle.dumps(obj, _PROTOCOL))
-            keep.append(obj)
-            return len(parts) - 1
-
-        pickler.persistent_id = persistent_id  # type: ignore[method-assign]
+        # Only DurationModels go through ``reduce`` (a dispatch table, not a hook that
+        # every object of the state would pass through).
+        pickler.dispatch_table = {**copyreg.dispatch_table, DurationModel: reduce}
         pickler.dump(self)
-        return pickle.dumps((_MAGIC, buffer.getvalue(), parts), _PROTOCOL)
+        return buffer.getvalue()
 
     @staticmethod
     def loads(payload: bytes) -> ModelState:
-        import io
-
-        loaded: Any = pickle.loads(payload)
-        if not (isinstance(loaded, tuple) and len(loaded) == 3 and loaded[0] == _MAGIC):
-            return _legacy(loaded)
-        _, skeleton, parts = loaded
-        unpickler = pickle.Unpickler(io.BytesIO(skeleton))
-        unpickler.persistent_load = lambda pid: pickle.loads(parts[pid])  # type: ignore[method-assign]
-        state = unpickler.load()
+        state = pickle.loads(payload)
         if not isinstance(state, ModelState):
             raise TypeError("snapshot payload is not a ModelState")
+        if not hasattr(state, "layout"):  # written before FORMAT 2: never reused
+            state.layout = (1, None)
         return state
 
 
+def in_slices(
+    lock: threading.RLock, items: Sequence[T], work: Callable[[T], None], slice_s: float
+) -> None:
+    """``work(item)`` for each item in order, holding ``lock`` about ``slice_s`` at a time
+    (one item more at most), so that others waiting for it wait about that long."""
+    i = 0
+    while i < len(items):
+        with lock:
+            deadline = time.perf_counter() + slice_s
+            while i < len(items):
+                work(items[i])
+                i += 1
+                if time.perf_counter() >= deadline:
+                    break
+
+
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
-_MAGIC = "cachettl-model-state"
-
-
-def _legacy(state: object) -> ModelState:
-    """A snapshot written before ``FORMAT`` 2: its config never matches (log replayed)."""
-    if not isinstance(state, ModelState):
-        raise TypeError("snapshot payload is not a ModelState")
-    state.layout = (1, None)
-    return state
