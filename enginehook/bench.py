@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enginehook.rules import SchedulingRules
+
 __all__ = ["BenchConfig", "Program", "make_trace", "run_bench"]
 
 _VOCAB = (9, 2000)  # the tiny tokenizer's plain-word ids
@@ -70,7 +72,7 @@ class BenchConfig:
     )
     overhead_pins: int = 1000
     repeats: int = 2
-    order_window_s: float = 0.0
+    order_window_s: float = SchedulingRules().order_window_s
     model_dir: str = ""
 
 
@@ -248,7 +250,6 @@ def hook_overhead(config: BenchConfig, model: Path) -> dict[str, float]:
     hook: dict[str, Any] = {
         "policy": "fixed",
         "policy_params": {"ttl_s": 600.0, "skip_slow_tools": False},
-        "budget_fraction": 1.0,
     }
     llm = LLM(**_engine_args(config, model, hook, num_gpu_blocks_override=pins * 3, max_num_seqs=8))
     engine = llm.llm_engine

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from enginehook.rules import SchedulingRules
+
 
 def register(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -38,7 +40,7 @@ def register(
     p.add_argument(
         "--order-window",
         type=float,
-        default=0.0,
+        default=SchedulingRules().order_window_s,
         help="hook's order_window_s (0: the paper's unbounded program order)",
     )
     p.set_defaults(handler=_bench_vllm)

@@ -55,7 +55,7 @@ def running_control_plane(db_url: str) -> Iterator[tuple[str, str]]:
     from controlplane.store import create_store
 
     store = create_store(db_url)
-    plane = ControlPlane(store, "cachettl", {"ttl_cap_s": 300.0}, min_samples=100)
+    plane = ControlPlane(store, "cachettl", {}, min_samples=100)
     _, token = plane.create_tenant("demo")
     loop = asyncio.new_event_loop()
     server = ControlPlaneServer(plane, ServerOptions(listen="127.0.0.1:0", tail_interval_s=0.2))

@@ -113,7 +113,7 @@ IMPROVEMENTS: dict[str, dict[str, Any]] = {
     "per-program eta": {"per_program": True},
     f"TTL cap {RULES.ttl_cap_s:g} s": {"ttl_cap_s": RULES.ttl_cap_s},
     "pin budget 30 %": {"budget_share": 0.3},
-    "lowest-loss victims": {"victim": "lowest-loss"},
+    "lowest-loss victims": {"victim": RULES.victim},
     "running-only pressure": {"pressure": RULES.pressure},
     "order window 30 s": {"order_window_s": 30.0},
 }

@@ -34,7 +34,7 @@ def _start_engine(model: Path, work: Path, name: str) -> tuple[subprocess.Popen[
     hook = {
         "policy": "fixed",
         "policy_params": {"ttl_s": 60.0},
-        "budget_fraction": 0.6,
+        "budget_share": 0.6,
         "event_log": str(log),
     }
     return start_vllm_server(model, port, hook, work / f"{name}.log"), port, log

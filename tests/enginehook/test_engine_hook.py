@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 HOOK = {
     "policy": "fixed",
     "policy_params": {"ttl_s": 30.0, "skip_slow_tools": False},
-    "budget_fraction": 0.5,
+    "budget_share": 0.5,
     "pressure": "running",
     "ttl_cap_s": 600.0,
 }
@@ -176,28 +176,36 @@ def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
     from enginehook.decide import TtlDecider
     from enginehook.pressure import PressureRule
 
-    sched = driver.scheduler
-    assert not sched.cpu_tier.on  # auto, and this engine has no KV connector
-    assert "no KV connector" in sched.cpu_tier.reason
+    sched, services, controller = (
+        driver.scheduler,
+        driver.scheduler.services,
+        driver.scheduler.controller,
+    )
+    assert not services.cpu_tier.on  # auto, and this engine has no KV connector
+    assert "no KV connector" in services.cpu_tier.reason
     assert sched.metrics.snapshot()["cpu_tier"] is False
-    assert sched.cachettl_rules == (PressureRule.RUNNING, 0.0)  # the module's HOOK settings
+    rules = (controller.pressure_rule, controller.order_window_s)
+    assert rules == (PressureRule.RUNNING, 0.0)  # the module's HOOK settings
     decider = TtlDecider("cachettl", {"ttl_cap_s": 60.0}, min_samples=5)
     for k in range(20):  # this tool returns after 5-14.5 ms
         decider.models.record_tool_call("bash", "ls -la", 0.005 + 0.0005 * k)
-    saved = sched.decider, sched.cpu_tier
-    sched.decider = decider
+    saved = services.decider, services.cpu_tier
+    services.decider = decider
     xargs = {"tool": "bash", "tool_args": "ls -la"}
     try:
         driver.run("T-1", driver.words(600), 32, session="T", xargs=xargs)
         pin = sched.pins.get("T")
         assert pin is not None
         assert pin.ttl_s > 0
-        sched.cpu_tier = detect_cpu_tier("on", sched.vllm_config)
-        assert sched.cachettl_rules == (PressureRule.ALWAYS, 5.0)  # the tier defaults
+        services.cpu_tier = detect_cpu_tier("on", sched.vllm_config)
+        controller.cpu_tier = True
+        rules = (controller.pressure_rule, controller.order_window_s)
+        assert rules == (PressureRule.ALWAYS, 5.0)  # the tier defaults
         driver.run("U-1", driver.words(600), 32, session="U", xargs=xargs)
         assert "U" not in sched.pins  # a miss costs a reload: not worth the memory
     finally:
-        sched.decider, sched.cpu_tier = saved
+        services.decider, services.cpu_tier = saved
+        controller.cpu_tier = False
 
 
 def test_load_signals_count_waiting_demand_less_pinned_blocks(driver, clock):
@@ -218,9 +226,9 @@ def test_load_signals_count_waiting_demand_less_pinned_blocks(driver, clock):
     held = {"P": pin.blocks * BLOCK}
     expected = sum(max(0, r.num_tokens - held.get(r.session_id, 0)) for r in queue)
     free = sched._pool.get_num_free_blocks() * BLOCK
-    assert sched._load_signals(10**9) == (expected, free)
+    assert sched.controller.load(10**9) == (expected, free)
     assert expected > free + 500  # enough demand to stop early
-    early, same_free = sched._load_signals(500)
+    early, same_free = sched.controller.load(500)
     assert same_free == free
     assert free + 500 < early < expected
     policy = CachettlPolicy()

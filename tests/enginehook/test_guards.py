@@ -46,8 +46,8 @@ def test_kv_layout_guard():
 
 
 def test_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="budget_fraction"):
-        HookConfig.from_additional({"cachettl": {"budget_fraction": 2}})
+    with pytest.raises(ValueError, match=r"cachettl.budget_share must be in \[0, 1\], got 2"):
+        HookConfig.from_additional({"cachettl": {"budget_share": 2}})
     with pytest.raises(ValueError, match="pressure must be one of"):
         HookConfig.from_additional({"cachettl": {"pressure": "soft"}})
     with pytest.raises(ValueError, match="unknown key 'ttl'"):

@@ -1,0 +1,234 @@
+"""The scheduling rules: one object, each default defined once, strategies by name."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enginehook.config import HookConfig
+from enginehook.lifecycle import FinishedTurn, PinController
+from enginehook.pins import Pin, ReleaseReason
+from enginehook.pressure import PressureRule
+from enginehook.rules import ORDERINGS, VICTIMS, SchedulingRules
+from estimator import DEFAULT_TTL_CAP_S, Decision, RequestFacts
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("enginehook", "simulator", "estimator", "controlplane")
+#: Names the rules went by before they were one object.
+ALIASES = {
+    "ttl_cap": "ttl_cap_s",
+    "budget_fraction": "budget_share",
+    "order_window": "order_window_s",
+}
+
+
+def _literal(node: ast.expr | None) -> object:
+    try:
+        return ast.literal_eval(node) if node is not None else None
+    except ValueError:
+        return None
+
+
+def _definitions(tree: ast.AST) -> list[tuple[str, object, int]]:
+    """``(name, literal default, line)`` of every parameter default, annotated class
+    attribute, ``add_argument(..., default=...)`` and dict entry that names a rule."""
+    rules = set(SchedulingRules.names()) | set(ALIASES)
+    found: list[tuple[str, object, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            pairs = list(
+                zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True)
+            )
+            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d]
+            found += [(a.arg, _literal(d), node.lineno) for a, d in pairs if a.arg in rules]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if node.target.id in rules and node.value is not None:
+                found.append((node.target.id, _literal(node.value), node.lineno))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            flag = str(_literal(node.args[0]) if node.args else "").lstrip("-").replace("-", "_")
+            for keyword in node.keywords:
+                if keyword.arg == "default" and flag in rules:
+                    found.append((flag, _literal(keyword.value), node.lineno))
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                name = _literal(key)
+                if isinstance(name, str) and name in rules:
+                    found.append((name, _literal(value), node.lineno))
+    return found
+
+
+def test_each_rule_default_is_defined_once() -> None:
+    """No module restates a rule's default: a parameter, field, flag or settings entry
+    named after a rule (or its old name) holding the rule's default value as a literal."""
+    defaults = {name: getattr(SchedulingRules(), name) for name in SchedulingRules.names()}
+    defaults = {k: getattr(v, "value", v) for k, v in defaults.items()}
+    restated = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name == "rules.py" or "_gen" in path.parts:
+                continue
+            for name, value, line in _definitions(ast.parse(path.read_text())):
+                default = defaults[ALIASES.get(name, name)]
+                if value is not None and value == default:
+                    restated.append(f"{path.relative_to(ROOT)}:{line}: {name} = {value!r}")
+    assert restated == [], "defaults restated outside enginehook/rules.py"
+
+
+def test_the_ttl_cap_constant_is_the_rules_and_the_estimators() -> None:
+    from estimator import CachettlPolicy
+
+    assert SchedulingRules().ttl_cap_s == DEFAULT_TTL_CAP_S == CachettlPolicy().ttl_cap_s
+    assert HookConfig().rules == SchedulingRules()
+
+
+def test_every_rule_has_help_and_parses_from_text() -> None:
+    helps = SchedulingRules.help()
+    assert set(helps) == set(SchedulingRules.names())
+    assert all(len(text) > 10 for text in helps.values())
+    rules = SchedulingRules.parse(
+        {
+            "pressure": "always",
+            "tier_pressure": "none",
+            "ttl_cap_s": "inf",
+            "victim": "latest-expiry",
+        }
+    )
+    assert rules.pressure is PressureRule.ALWAYS
+    assert rules.tier_pressure is None
+    assert math.isinf(rules.ttl_cap_s)
+    assert rules.in_force(cpu_tier=True) == (PressureRule.ALWAYS, 5.0)
+    with pytest.raises(ValueError, match="unknown scheduling rule 'cap'; valid: pressure"):
+        SchedulingRules.parse({"cap": 1})
+    with pytest.raises(ValueError, match="ordering must be one of: fcfs, pinned-program, plas"):
+        SchedulingRules(ordering="lifo")
+    with pytest.raises(ValueError, match=r"budget_share must be in \[0, 1\], got 1.5"):
+        SchedulingRules(budget_share=1.5)
+
+
+def _pin(program: str, blocks: int, loss: float, arrival: float, expires: float) -> Pin[None]:
+    return Pin(program, blocks, 0.0, expires, expires, 1.0, loss, program_arrival=arrival)
+
+
+def test_victim_strategies() -> None:
+    pins = [_pin("a", 4, 2.0, 1.0, 10.0), _pin("b", 4, 0.5, 3.0, 20.0), _pin("c", 8, 0.1, 2.0, 5.0)]
+
+    def names(chosen: list[Pin[Any]]) -> list[str]:
+        return [p.program_id for p in chosen]
+
+    assert names(VICTIMS["lowest-loss"](pins, 6, 0.0, {"c"})) == ["b", "a"]  # waiting: last
+    assert names(VICTIMS["lowest-loss"](pins, 12, 0.0, {"c"})) == ["b", "a", "c"]
+    assert names(VICTIMS["latest-arrival"](pins, 6, 0.0, ())) == ["b", "c"]
+    assert names(VICTIMS["latest-expiry"](pins, 100, 0.0, ())) == ["b"]  # one per attempt
+    assert VICTIMS["lowest-loss"](pins, 0, 0.0, ()) == []
+
+
+class _Host:
+    """The smallest engine: a free-token count, a waiting list, blocks given back."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[str | None, int]] = []
+        self.freed: list[tuple[str, str]] = []
+        self.events: list[object] = []
+
+    def free_tokens(self) -> int:
+        return 1_000
+
+    def waiting_requests(self) -> list[tuple[str | None, int]]:
+        return self.waiting
+
+    def waiting_programs(self) -> set[str]:
+        return {p for p, _ in self.waiting if p}
+
+    def pinned_tokens(self, pin: Pin[str]) -> int:
+        return pin.blocks * 16
+
+    def pin_released(self, pin: Pin[str], reason: ReleaseReason) -> None:
+        self.freed.append((pin.program_id, reason.value))
+
+    def emit(self, event: object) -> None:
+        self.events.append(event)
+
+
+class _Fixed:
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self.seen: list[RequestFacts] = []
+
+    def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
+        self.seen.append(facts)
+        return Decision(self.ttl, 0.9, 1.0, "fixed", 2.0)
+
+
+def _controller(rules: SchedulingRules, ttl: float = 5.0) -> tuple[PinController[str], _Host]:
+    host = _Host()
+    return PinController(rules, host, pool_blocks=100, decider=_Fixed(ttl), engine_id="t"), host
+
+
+def test_the_lifecycle_of_one_program() -> None:
+    controller, host = _controller(SchedulingRules())
+    controller.arrived("p", 0.0, 0.0)
+    assert controller.admitted("p", 0.1) is None  # first turn: nothing pinned, nothing pending
+    finish = controller.finished(FinishedTurn("p", "bash", "ls", 320), 1.0, lambda: (20, "h"))
+    assert (finish.took, finish.pinned, finish.handle) == (True, True, "h")
+    assert controller.pinned("p")
+    controller.arrived("p", 1.5, 1.5)
+    pin = controller.admitted("p", 1.7)
+    assert pin is not None
+    assert pin.handle == "h"
+    assert host.freed == [("p", "hit")]
+    (event,) = host.events
+    assert (event.outcome.label, event.duration_s) == ("hit", 0.5)  # type: ignore[attr-defined]
+    controller.finished(FinishedTurn("p", None, last_turn=True), 3.0, lambda: (0, ""))
+    assert host.events[-1].total_turns == 2  # type: ignore[attr-defined]
+    assert controller.arrivals.first("p", -1.0) == -1.0  # forgotten
+
+
+def test_expiry_keeps_a_pin_whose_program_waits_and_relieve_spares_the_requester() -> None:
+    controller, host = _controller(SchedulingRules(pressure=PressureRule.ALWAYS))
+    for program in ("a", "b"):
+        controller.arrived(program, 0.0, 0.0)
+        turn = FinishedTurn(program, "bash", None, 160)
+        controller.finished(turn, 0.0, lambda p=program: (10, p))  # type: ignore[misc]
+    host.waiting = [("a", 400)]
+    assert [pin.program_id for pin in controller.expire(6.0)] == ["b"]
+    assert controller.pinned("a")  # overdue, but its program's next request is waiting
+    assert not controller.pinned("b")
+    controller.finished(FinishedTurn("b", "bash", None, 160), 6.0, lambda: (10, "b"))
+    released = controller.relieve(50, "a", for_running=False, nothing_running=False, now=6.5)
+    assert released == 1
+    assert controller.pinned("a")
+    assert ("b", "pressure") in host.freed
+
+
+def test_running_pressure_rule_and_the_load_signals() -> None:
+    controller, host = _controller(SchedulingRules())  # pressure: running
+    controller.arrived("a", 0.0, 0.0)
+    controller.finished(FinishedTurn("a", "bash", None, 160), 0.0, lambda: (10, "a"))
+    assert controller.relieve(5, "x", for_running=False, nothing_running=False, now=1.0) == 0
+    assert controller.relieve(5, "x", for_running=True, nothing_running=False, now=1.0) == 1
+    host.waiting = [("a", 500), (None, 700), ("c", 300), ("d", 5_000)]
+    controller.finished(FinishedTurn("a", "bash", None, 200), 2.0, lambda: (10, "a"))
+    facts = controller.decider.seen[-1]  # type: ignore[union-attr]
+    # Before the pin: a's turn needs its 500 tokens; the walk stops once past free + context.
+    assert (facts.waiting_tokens, facts.free_tokens, facts.turns_served) == (1_500, 1_000, 2)
+    # With a's 10 blocks pinned its waiting turn needs 500 - 160; d is never counted.
+    assert controller.load(200) == (340 + 700 + 300, 1_000)
+
+
+def test_orderings_are_registered_and_priority_comes_first() -> None:
+    assert {"fcfs", "program", "program-fcfs", "pinned-program", "plas"} <= set(ORDERINGS)
+    controller, _ = _controller(SchedulingRules())
+    controller.arrived("old", 0.0, 0.0)
+    controller.arrived("new", 5.0, 5.0)
+    keys = {
+        "old": controller.order_key(0, False, "old", 9.0, "old-2"),
+        "new": controller.order_key(0, False, "new", 5.0, "new-1"),
+        "urgent": controller.order_key(-1, False, "new", 6.0, "new-2"),
+    }
+    assert sorted(keys, key=keys.__getitem__) == ["urgent", "old", "new"]
