@@ -42,6 +42,24 @@ def _db(args: argparse.Namespace) -> str:
     return str(args.db or default_db_url())
 
 
+def _add_name_limits(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-tools-per-tenant",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="distinct tool names a tenant's models hold; a batch passing it is refused "
+        "(RESOURCE_EXHAUSTED, nothing stored) (default 1000)",
+    )
+    parser.add_argument(
+        "--max-signatures-per-tenant",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="distinct (tool, argument signature) pairs a tenant's models hold (default 10000)",
+    )
+
+
 def register(commands: _SubParsers, bench: _SubParsers) -> None:
     """Add this package's subcommands to `cachettl` and `cachettl bench`."""
     _register_serve(commands)
@@ -70,6 +88,7 @@ def _register_serve(commands: _SubParsers) -> None:
     )
     p.add_argument("--max-concurrent-rpcs", type=int, default=256)
     p.add_argument("--max-duration", type=float, default=86400.0, help="seconds")
+    _add_name_limits(p)
     p.add_argument("--tail-interval", type=float, default=0.5, help="seconds")
     p.add_argument("--snapshot-interval", type=float, default=30.0, help="seconds")
     p.add_argument("--metrics", default=None, metavar="HOST:PORT", help="Prometheus /metrics")
@@ -87,6 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from controlplane.learning import NameLimits
     from controlplane.records import Limits
     from controlplane.server import ServerOptions, TlsFiles, serve
     from controlplane.service import ControlPlane
@@ -107,9 +127,15 @@ def _serve(args: argparse.Namespace) -> int:
     get_profile(args.profile)  # ValueError naming the valid profiles
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin set-up chatter
+    limits = NameLimits(args.max_tools_per_tenant, args.max_signatures_per_tenant)
     store = create_store(_db(args))
     plane = ControlPlane(
-        store, args.policy, _policy_params(args), args.min_samples, profile=args.profile
+        store,
+        args.policy,
+        _policy_params(args),
+        args.min_samples,
+        profile=args.profile,
+        name_limits=limits,
     )
     options = ServerOptions(
         listen=args.listen,
@@ -244,6 +270,7 @@ def _register_tools(commands: _SubParsers) -> None:
         parser.add_argument("--policy", choices=POLICY_CHOICES, default="cachettl")
         parser.add_argument("--min-samples", type=int, default=100)
         parser.add_argument("--json", action="store_true", help="machine-readable output")
+        _add_name_limits(parser)
     listing.set_defaults(handler=_tools_handler("list"))
     show.set_defaults(handler=_tools_handler("show"))
 

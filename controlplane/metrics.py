@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from controlplane.learning import LearningCounters
 
 __all__ = ["Metrics"]
 
@@ -39,6 +45,12 @@ class Metrics:
             "cachettl_snapshot_version", "Version of the last snapshot streamed", registry=r
         )
 
+    def track_learning(self, counters: LearningCounters) -> None:
+        """Export ``counters``: ``cachettl_events_unlearned_total{reason}`` (committed
+        rows learning skipped) and ``cachettl_batches_refused_total{limit}`` (batches
+        refused for a per-tenant bound on names)."""
+        self.registry.register(_LearningCollector(counters))
+
     def observe_rpc(self, method: str, code: Any, seconds: float) -> None:
         name = getattr(code, "name", str(code))
         self.rpcs.labels(method, name).inc()
@@ -65,3 +77,26 @@ class Metrics:
         if http is not None:
             http.shutdown()
             http.server_close()
+
+
+class _LearningCollector(Collector):
+    def __init__(self, counters: LearningCounters) -> None:
+        self.counters = counters
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        unlearned = CounterMetricFamily(
+            "cachettl_events_unlearned",
+            "Committed tool calls and program ends the models could not learn (skipped)",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.counters.unlearned.items()):
+            unlearned.add_metric([reason], count)
+        refused = CounterMetricFamily(
+            "cachettl_batches_refused",
+            "Batches refused whole for a per-tenant bound on distinct names",
+            labels=["limit"],
+        )
+        for limit in ("tools", "signatures"):
+            refused.add_metric([limit], self.counters.refused[limit])
+        yield unlearned
+        yield refused

@@ -88,6 +88,7 @@ class ControlPlaneServer:
         self.plane = plane
         self.options = options or ServerOptions()
         self.metrics = Metrics()
+        self.metrics.track_learning(plane.learning)  # rows skipped, batches refused
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None

@@ -7,6 +7,7 @@ models always equal a replay of the log up to its ``version``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ from itertools import pairwise
 from typing import Any
 
 from controlplane import inspection
+from controlplane.learning import LearningCounters, NameLimitExceededError, NameLimits, check_names
 from controlplane.records import (
     AppendResult,
     ProgramEnd,
@@ -54,8 +56,11 @@ class ControlPlane:
         clock: Callable[[], float] = time.time,
         profile: str = "llama3.1-8b-h100",
         sharing: SharingRules | None = None,
+        name_limits: NameLimits | None = None,
     ) -> None:
         self.store = store
+        self.name_limits = name_limits or NameLimits()
+        self.learning = LearningCounters()  # rows learning skipped, batches refused
         self.policy_name = policy
         self.policy = get_policy(policy, **(policy_params or {}))
         self.min_samples = min_samples
@@ -76,10 +81,15 @@ class ControlPlane:
 
     def _restore(self) -> ModelState:
         self.state = ModelState.fresh(self.policy, self.min_samples, self.profile, self.sharing)
+        self.name_limits.apply(self.state.models.durations)
         record = self.store.latest_snapshot(self.policy_name)
         if record is not None:
-            restored = ModelState.loads(record.payload)
-            if restored.reusable_as(self.state):  # else: replay the whole log
+            restored = _load_snapshot(record.payload)
+            if (
+                restored is not None
+                and restored.reusable_as(self.state)
+                and self.name_limits.holds_for(restored.models.durations)
+            ):  # else: replay the whole log
                 self.state = restored
                 self._snapshot_version = restored.version
         self.catch_up()
@@ -108,11 +118,22 @@ class ControlPlane:
             with self._lock:
                 deadline = time.perf_counter() + LOCK_SLICE_S
                 while i < len(rows):
-                    applied += apply(rows[i : i + 1])
+                    try:
+                        applied += apply(rows[i : i + 1])
+                    except Exception as error:  # never fail after a commit: skip the row
+                        self._skip(rows[i], error)
                     i += 1
                     if time.perf_counter() >= deadline:
                         break
         return applied
+
+    def _skip(self, row: StoredToolCall | StoredProgramEnd, error: Exception) -> None:
+        """Count a committed row as applied without learning it (counted and logged)."""
+        if isinstance(row, StoredToolCall):
+            self.state.tool_seq = max(self.state.tool_seq, row.seq)
+        else:
+            self.state.end_seq = max(self.state.end_seq, row.seq)
+        self.learning.skipped(row, error)
 
     @property
     def version(self) -> int:
@@ -171,8 +192,17 @@ class ControlPlane:
     # -- ingest -----------------------------------------------------------------------
 
     def record_tool_calls(self, tenant: Tenant, calls: Sequence[ToolCall]) -> AppendResult:
-        """Commit a validated batch, then learn it; returns once both are done."""
+        """Commit a validated batch, then learn it; returns once both are done.
+
+        Raises ``NameLimitExceededError`` (nothing stored) if the batch would give the
+        tenant more distinct tool names or signatures than ``name_limits`` allow.
+        """
         with self._write_lock:
+            try:
+                check_names(self.state.models.durations, tenant.name, calls)
+            except NameLimitExceededError as error:
+                self.learning.refused_batch(error)
+                raise
             result = self.store.append_tool_calls(tenant, calls)
             seqs = result.seqs  # positions move only under the write lock, held here
             in_order = (
@@ -247,3 +277,12 @@ class ControlPlane:
         incrementally a slice at a time (``controlplane.snapshots``); call it off the
         event loop."""
         return self._payloads.build(self.state, self._lock, tenant.name, tenant.share)
+
+
+def _load_snapshot(payload: bytes) -> ModelState | None:
+    """A stored snapshot, or None (logged) if it cannot be read: the log is replayed."""
+    try:
+        return ModelState.loads(payload)
+    except Exception:
+        logging.getLogger(__name__).exception("snapshot unreadable; replaying the whole log")
+        return None

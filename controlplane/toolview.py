@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.inspection import DistributionView, ToolView
+from controlplane.learning import NameLimits
 from controlplane.records import Tenant
 from controlplane.service import ControlPlane
 from controlplane.store import create_store
@@ -45,7 +46,8 @@ def run(action: str, args: argparse.Namespace, url: str) -> int:
     store = create_store(url)
     try:
         params = {"ttl_cap_s": 300.0} if args.policy == "cachettl" else {}
-        plane = ControlPlane(store, args.policy, params, args.min_samples)
+        limits = NameLimits(args.max_tools_per_tenant, args.max_signatures_per_tenant)
+        plane = ControlPlane(store, args.policy, params, args.min_samples, name_limits=limits)
         tenant = _tenant(plane, args.tenant)
         if action == "list":
             return _list(plane.list_tools(tenant.name), args.json)

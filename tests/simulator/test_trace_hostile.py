@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ def _trace(tmp_path: Path, *lines: str) -> Path:
 
 
 def _program(**changes: object) -> dict[str, object]:
-    obj = json.loads(json.dumps(GOOD))
+    obj: dict[str, Any] = json.loads(json.dumps(GOOD))
     obj["turns"][0]["tool_duration_s"] = 1.0
     obj.update(changes)
     return obj

@@ -1,0 +1,134 @@
+"""Bounds on what one tenant can make the models hold, and learning that never fails.
+
+Learning runs after a batch is committed, so it must never raise: a committed row that a
+model cannot learn is skipped (its position still counts as applied, so the models stay
+a replay of the log), counted by reason and logged (``cachettl_events_unlearned_total``).
+
+Per tenant, the models hold at most ``NameLimits.max_tools`` distinct tool names and
+``NameLimits.max_signatures`` distinct (tool, argument signature) pairs. A batch that
+would pass either is refused whole before anything is stored (``NameLimitExceededError``,
+RESOURCE_EXHAUSTED, the message names the limit and its flag). Rows past a bound that
+reach the log anyway (written through a server with higher limits, or committed by
+another server at the same moment) are skipped by learning, reason ``name_limit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from controlplane.errors import OverloadedError
+from controlplane.records import StoredProgramEnd, StoredToolCall, ToolCall
+from estimator.hierarchy import DurationHierarchy, NameLimitError
+
+__all__ = ["LearningCounters", "NameLimitExceededError", "NameLimits", "check_names"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NameLimits:
+    """Distinct names per tenant the models hold (None: unbounded)."""
+
+    max_tools: int | None = 1000
+    max_signatures: int | None = 10_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_tools", "max_signatures"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')}-per-tenant must be >= 1")
+
+    def apply(self, durations: DurationHierarchy) -> None:
+        durations.max_tools = self.max_tools
+        durations.max_signatures = self.max_signatures
+
+    def holds_for(self, durations: DurationHierarchy) -> bool:
+        """Whether ``durations`` (say, restored from a snapshot) was built with these."""
+        return (durations.max_tools, durations.max_signatures) == (
+            self.max_tools,
+            self.max_signatures,
+        )
+
+
+class NameLimitExceededError(OverloadedError):
+    """A batch would give its tenant more distinct names than a bound (nothing stored);
+    ``limit`` is ``"tools"`` or ``"signatures"``."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+_FLAGS = {"tool names": "--max-tools-per-tenant", "signatures": "--max-signatures-per-tenant"}
+
+
+def check_names(durations: DurationHierarchy, tenant: str, calls: Sequence[ToolCall]) -> None:
+    """Raise ``NameLimitExceededError`` if learning ``calls`` would pass a bound of ``tenant``.
+
+    Call it under the writer lock (names change only there); it reads the models but
+    computes signatures without the registry's cache (which decisions use concurrently).
+    """
+    max_tools, max_signatures = durations.max_tools, durations.max_signatures
+    if max_tools is None and max_signatures is None:
+        return
+    tools, signatures = durations.name_counts(tenant)
+    new_tools: set[str] = set()
+    new_signatures: set[tuple[str, str]] = set()
+    for i, call in enumerate(calls):
+        tool = call.tool_name
+        if tool not in new_tools and not durations.knows(tool, "", tenant):
+            new_tools.add(tool)
+            if max_tools is not None and tools + len(new_tools) > max_tools:
+                _refuse(f"events[{i}].tool_name", tenant, "tool names", max_tools, tools)
+        if max_signatures is None or not call.tool_args:
+            continue
+        signature = durations.signatures.compute(tool, call.tool_args)
+        key = (tool, signature)
+        if signature and key not in new_signatures and not durations.knows(*key, tenant):
+            new_signatures.add(key)
+            if signatures + len(new_signatures) > max_signatures:
+                field = f"events[{i}].tool_args"
+                _refuse(field, tenant, "signatures", max_signatures, signatures)
+
+
+def _refuse(field: str, tenant: str, what: str, limit: int, held: int) -> None:
+    raise NameLimitExceededError(
+        f"{field}: tenant {tenant!r} holds {held} distinct {what} and this batch would pass "
+        f"the limit of {limit} per tenant (server flag {_FLAGS[what]}); nothing was stored",
+        "tools" if what == "tool names" else "signatures",
+    )
+
+
+class LearningCounters:
+    """Committed rows the models could not learn, by reason; batches refused, by limit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.unlearned: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+
+    def skipped(self, row: StoredToolCall | StoredProgramEnd, error: Exception) -> None:
+        """Count and log one row learning skipped."""
+        reason = "name_limit" if isinstance(error, NameLimitError) else type(error).__name__
+        with self._lock:
+            self.unlearned[reason] += 1
+        if isinstance(row, StoredToolCall):
+            what = f"tool call {row.seq} (tool {row.call.tool_name!r})"
+        else:
+            what = f"program end {row.seq}"
+        log.warning(
+            "learning skipped %s of tenant %r: %s: %s",
+            what,
+            row.tenant,
+            type(error).__name__,
+            error,
+            exc_info=not isinstance(error, NameLimitError),
+        )
+
+    def refused_batch(self, error: NameLimitExceededError) -> None:
+        with self._lock:
+            self.refused[error.limit] += 1
