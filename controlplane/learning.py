@@ -76,6 +76,13 @@ def check_names(durations: DurationHierarchy, tenant: str, calls: Sequence[ToolC
     if max_tools is None and max_signatures is None:
         return
     tools, signatures = durations.name_counts(tenant)
+    # Far from both bounds (the usual case), the batch cannot pass them: nothing to parse.
+    if max_tools is None or tools + len(calls) <= max_tools:
+        max_tools = None
+    if max_signatures is None or signatures + len(calls) <= max_signatures:
+        max_signatures = None
+    if max_tools is None and max_signatures is None:
+        return
     new_tools: set[str] = set()
     new_signatures: set[tuple[str, str]] = set()
     for i, call in enumerate(calls):

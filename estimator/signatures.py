@@ -223,9 +223,13 @@ class SignatureRegistry:
         self._cache.clear()
 
     def compute(self, tool: str, args: str | None) -> str:
-        """:meth:`signature` without the cache (so safe from any thread, at any time)."""
+        """:meth:`signature` that only reads the cache, never changes it (so safe from any
+        thread, at any time, while another thread uses :meth:`signature`)."""
         if not args:
             return ""
+        cached = self._cache.get((tool, args))  # one atomic dict lookup
+        if cached is not None:
+            return cached
         return self._extractors.get(tool, self._default)(tool, args)
 
     def signature(self, tool: str, args: str | None) -> str:
