@@ -186,12 +186,7 @@ class PinTable(Generic[H]):
         new pin are released (``BUDGET``); if that is not enough nothing is released and
         the pin is refused. A TTL of 0 (after the cap) or 0 blocks pins nothing.
         """
-        if not program_id:
-            raise ValueError("program_id must be a non-empty string")
-        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
-            raise ValueError(f"blocks must be an integer >= 0, got {blocks!r}")
-        if not math.isfinite(ttl_s) or ttl_s < 0:
-            raise ValueError(f"ttl_s must be a finite number >= 0, got {ttl_s!r}")
+        _check_pin(program_id, blocks, ttl_s)
         released: list[tuple[Pin[H], ReleaseReason]] = []
         old = self.release(program_id, ReleaseReason.REPLACED)
         if old is not None:
@@ -200,17 +195,9 @@ class PinTable(Generic[H]):
         if ttl <= 0 or blocks == 0:
             return PinResult(False, ttl, released, "zero ttl or no blocks")
         candidate: Pin[H] = Pin(
-            program_id,
-            blocks,
-            now,
-            now + ttl,
-            ttl,
-            return_probability,
-            benefit_s,
-            basis,
-            handle,
-            program_arrival,
+            program_id, blocks, now, now + ttl, ttl, return_probability, benefit_s, basis
         )
+        candidate.handle, candidate.program_arrival = handle, program_arrival
         short = self._pinned_blocks + blocks - self.budget_blocks
         if short > 0:
             victims = self._budget_victims(
@@ -329,3 +316,12 @@ class PinTable(Generic[H]):
             if pin is not None and pin.generation == generation:
                 return
             heapq.heappop(heap)
+
+
+def _check_pin(program_id: str, blocks: int, ttl_s: float) -> None:
+    if not program_id:
+        raise ValueError("program_id must be a non-empty string")
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
+        raise ValueError(f"blocks must be an integer >= 0, got {blocks!r}")
+    if not math.isfinite(ttl_s) or ttl_s < 0:
+        raise ValueError(f"ttl_s must be a finite number >= 0, got {ttl_s!r}")

@@ -85,9 +85,8 @@ def run(window: int = 2000, repeat: int = 25, seed: int = 0, as_json: bool = Fal
         tool, args = tools[i % len(tools)]
         models.record_tool_call(tool, args, float(x))
     hit = RequestFacts(tool="bash", tool_args="pytest tests/", context_tokens=20_000)
-    backoff = RequestFacts(
-        tool="bash", tool_args="make test", context_tokens=20_000
-    )  # no invocation model
+    # No invocation model for this one: the decision backs off to the tool.
+    backoff = RequestFacts(tool="bash", tool_args="make test", context_tokens=20_000)
     figures["decide_invocation_us"] = _median_us(lambda: policy.decide(hit, models), repeat, 200)
     figures["decide_backoff_us"] = _median_us(lambda: policy.decide(backoff, models), repeat, 200)
     for x in durations[:30]:  # a thin invocation: 30 samples, under K = 100
@@ -102,7 +101,12 @@ def run(window: int = 2000, repeat: int = 25, seed: int = 0, as_json: bool = Fal
 
     if as_json:
         print(json.dumps(figures, indent=2, sort_keys=True))
-        return 0
+    else:
+        _print(figures, window, repeat)
+    return 0
+
+
+def _print(figures: dict[str, Any], window: int, repeat: int) -> None:
     rows = [
         ("optimal_ttl, sorted window (µs)", figures["optimal_ttl_window_us"], "≤ 20"),
         ("optimal_ttl, unsorted input (µs)", figures["optimal_ttl_unsorted_us"], ""),
@@ -118,4 +122,3 @@ def run(window: int = 2000, repeat: int = 25, seed: int = 0, as_json: bool = Fal
     for label, value, target in rows:
         print(f"  {label:<40} {value:>10.2f}   {('target ' + target) if target else ''}")
     print(f"  sorted-window search is {figures['speedup_vs_brute_force']:.0f}x the brute force")
-    return 0

@@ -127,32 +127,55 @@ def best_ttl_mixture(
     if cap_s is not None:
         few = few[: int(np.searchsorted(few, cap_s, side="right"))]
 
-    def cdf(points: FloatArray, rest: Sequence[tuple[float, FloatArray]]) -> FloatArray:
-        total = np.zeros(points.shape[0], dtype=np.float64)
-        for weight, array in rest:
-            total += weight * np.searchsorted(array, points, side="right") / array.shape[0]
-        if exp_weight > 0.0:
-            total -= exp_weight * np.expm1(-points / exp_mean_s)
-        return total
-
-    f_few = cdf(few, parts)
+    f_few = _mixture_cdf(few, parts, exp_weight, exp_mean_s)
     scores = f_few * benefit_s - few
     i = int(np.argmax(scores))  # the first maximum: ties go to the smaller τ
     best = (float(scores[i]), float(few[i]), float(f_few[i]))
     if big >= 0:
-        weight, array = parts[big]
-        n = array.shape[0]
-        limit = n if cap_s is None else int(np.searchsorted(array, cap_s, side="right"))
-        points = array[:limit]
-        # F at a value is the rank of its last copy; earlier copies score lower.
-        f_big = cdf(points, others) + weight * np.arange(1, limit + 1) / n
-        big_scores = f_big * benefit_s - points
-        if limit:
-            j = int(np.argmax(big_scores))
-            score, tau = float(big_scores[j]), float(points[j])
-            if score > best[0] or (score == best[0] and tau < best[1]):
-                best = (score, tau, float(f_big[j]))
+        own = _best_at_own_points(parts[big], others, benefit_s, cap_s, exp_weight, exp_mean_s)
+        if own is not None and (own[0] > best[0] or (own[0] == best[0] and own[1] < best[1])):
+            best = own
     return best[1], best[2]
+
+
+def _mixture_cdf(
+    points: FloatArray,
+    parts: Sequence[tuple[float, FloatArray]],
+    exp_weight: float,
+    exp_mean_s: float,
+) -> FloatArray:
+    """F = Σ wᵢ·Fᵢ + w_e·(1 − e^(−τ/μ)) at ``points``."""
+    total = np.zeros(points.shape[0], dtype=np.float64)
+    for weight, array in parts:
+        total += weight * np.searchsorted(array, points, side="right") / array.shape[0]
+    if exp_weight > 0.0:
+        total -= exp_weight * np.expm1(-points / exp_mean_s)
+    return total
+
+
+def _best_at_own_points(
+    part: tuple[float, FloatArray],
+    others: Sequence[tuple[float, FloatArray]],
+    benefit_s: float,
+    cap_s: float | None,
+    exp_weight: float,
+    exp_mean_s: float,
+) -> tuple[float, float, float] | None:
+    """``(score, τ, F(τ))`` at the best of one part's own sample points (its ranks give its
+    own CDF there, no sort or merge), or ``None`` when the cap leaves none."""
+    weight, array = part
+    n = array.shape[0]
+    limit = n if cap_s is None else int(np.searchsorted(array, cap_s, side="right"))
+    if not limit:
+        return None
+    points = array[:limit]
+    # F at a value is the rank of its last copy; earlier copies score lower.
+    f_own = (
+        _mixture_cdf(points, others, exp_weight, exp_mean_s) + weight * np.arange(1, limit + 1) / n
+    )
+    scores = f_own * benefit_s - points
+    j = int(np.argmax(scores))
+    return float(scores[j]), float(points[j]), float(f_own[j])
 
 
 def exponential_ttl(benefit_s: float, mean_s: float = 1.0) -> float:

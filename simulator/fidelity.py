@@ -196,6 +196,26 @@ def predict(
     counts a request's ``num_cached_tokens`` (its prefill statistics are recorded when it
     is first scheduled, not after a preemption), which is what the bench measures."""
     from simulator.policies import get_scheduling_policy
+
+    ours = hook.make if hook is not None else lambda: get_scheduling_policy("cachettl")
+    figures: dict[str, Any] = {
+        name: _replays(make, programs, timer, config, prefill_timings, repeats)
+        for name, make in (("stock", lambda: get_scheduling_policy("vllm")), ("cachettl", ours))
+    }
+    figures["mean_jct_ratio"] = figures["cachettl"]["mean_jct_s"] / figures["stock"]["mean_jct_s"]
+    return figures
+
+
+def _replays(
+    make: Any,
+    programs: Sequence[Program],
+    timer: StepTimer,
+    config: Any,
+    prefill_timings: Sequence[tuple[int, float]],
+    repeats: int,
+) -> dict[str, float]:
+    """``repeats`` replays of one scheduler (``make()``: a fresh policy), its models carried
+    from one replay to the next."""
     from simulator.sim import Simulation
 
     class FirstAdmissions(Simulation):
@@ -209,35 +229,48 @@ def predict(
             super().on_admit(request, now)
 
     profile = get_profile(HOOK_PROFILE)
-    figures: dict[str, Any] = {}
-    ours = hook.make if hook is not None else lambda: get_scheduling_policy("cachettl")
-    for name, make in (("stock", lambda: get_scheduling_policy("vllm")), ("cachettl", ours)):
-        jcts: list[float] = []
-        hits = prompts = first_hits = first_prompts = 0
-        models = None
-        for _ in range(repeats):
-            policy = make()
-            sim = FirstAdmissions(programs, policy, profile, config, timer=timer)
-            if sim.policy.models is not None:
-                if models is None:
-                    for tokens, seconds in prefill_timings:
-                        sim.policy.models.record_prefill(tokens, seconds)
-                else:
-                    sim.policy.models = models
-                models = sim.policy.models
-            run = sim.run()
-            jcts += [p.jct_s for p in run.programs]
-            hits += run.hit_tokens
-            prompts += run.prompt_tokens
-            first_hits += sim.first_hit_tokens
-            first_prompts += sim.first_prompt_tokens
-        figures[name] = {
-            "mean_jct_s": statistics.fmean(jcts),
-            "prefix_hit_share": hits / max(1, prompts),
-            "first_admission_hit_share": first_hits / max(1, first_prompts),
-        }
-    figures["mean_jct_ratio"] = figures["cachettl"]["mean_jct_s"] / figures["stock"]["mean_jct_s"]
-    return figures
+    jcts: list[float] = []
+    hits = prompts = first_hits = first_prompts = 0
+    models = None
+    for _ in range(repeats):
+        sim = FirstAdmissions(programs, make(), profile, config, timer=timer)
+        if sim.policy.models is not None:
+            if models is None:
+                for tokens, seconds in prefill_timings:
+                    sim.policy.models.record_prefill(tokens, seconds)
+            else:
+                sim.policy.models = models
+            models = sim.policy.models
+        run = sim.run()
+        jcts += [p.jct_s for p in run.programs]
+        hits += run.hit_tokens
+        prompts += run.prompt_tokens
+        first_hits += sim.first_hit_tokens
+        first_prompts += sim.first_prompt_tokens
+    return {
+        "mean_jct_s": statistics.fmean(jcts),
+        "prefix_hit_share": hits / max(1, prompts),
+        "first_admission_hit_share": first_hits / max(1, first_prompts),
+    }
+
+
+def _calibration(
+    config: Any, trace: Sequence[Any], log: Path | None, reuse_log: bool
+) -> tuple[Calibration, Path]:
+    """Step 1: the CPU engine's steps on the bench's trace (read from ``log`` when
+    ``reuse_log``), and the log's path."""
+    import tempfile
+
+    from enginehook.tinymodel import build_tiny_llama
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    log = log or Path(tempfile.mkdtemp(prefix="cachettl-fidelity-")) / "steps.jsonl"
+    if reuse_log:
+        return read_calibration(log, trace), log
+    model_dir = config.model_dir or str(Path.home() / ".cache" / "cachettl" / "tiny-llama")
+    return measure_steps(config, build_tiny_llama(model_dir), trace, log), log
 
 
 def run_fidelity(
@@ -249,23 +282,10 @@ def run_fidelity(
     """Steps 1–5: measure step times (``reuse_log``: read them from ``log`` instead), fit,
     convert, predict, and measure (unless ``bench_report`` — a ``cachettl bench vllm
     --json`` report of the same settings — is given)."""
-    import tempfile
-
     from enginehook import bench
-    from enginehook.tinymodel import build_tiny_llama
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    model_dir = config.model_dir or str(Path.home() / ".cache" / "cachettl" / "tiny-llama")
-    model = build_tiny_llama(model_dir)
-    compress = config.regimes["saturated"]
-    trace = bench.make_trace(config, compress)
-    log = log or Path(tempfile.mkdtemp(prefix="cachettl-fidelity-")) / "steps.jsonl"
-    if reuse_log:
-        calibration = read_calibration(log, trace)
-    else:
-        calibration = measure_steps(config, model, trace, log)
+    trace = bench.make_trace(config, config.regimes["saturated"])
+    calibration, log = _calibration(config, trace, log, reuse_log)
     timer, quality = fit_step_timer(calibration.samples)
     programs = convert_trace(trace, calibration.turn_overhead_s)
     engine = engine_config(
