@@ -93,7 +93,10 @@ def check_names(durations: DurationHierarchy, tenant: str, calls: Sequence[ToolC
                 _refuse(f"events[{i}].tool_name", tenant, "tool names", max_tools, tools)
         if max_signatures is None or not call.tool_args:
             continue
-        signature = durations.signatures.compute(tool, call.tool_args)
+        try:
+            signature = durations.signatures.compute(tool, call.tool_args)
+        except Exception:  # a broken extractor: learning skips the row (counted, logged)
+            continue
         key = (tool, signature)
         if signature and key not in new_signatures and not durations.knows(*key, tenant):
             new_signatures.add(key)
