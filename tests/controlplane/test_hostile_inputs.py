@@ -110,6 +110,30 @@ def test_rows_learning_cannot_take_are_skipped_counted_and_shown(
         store2.close()
 
 
+def _broken_extractor(tool: str, args: str) -> str:
+    raise ZeroDivisionError(f"cannot read {args[:10]!r}")
+
+
+@BOTH
+def test_an_event_a_plugged_in_extractor_cannot_read_is_skipped(store: Store, serve) -> None:
+    plane = ControlPlane(store, min_samples=1)
+    plane.state.models.durations.signatures.register("odd", _broken_extractor)
+    _, token = plane.create_tenant("acme")
+    with (
+        serve(plane, metrics_listen="127.0.0.1:0") as server,
+        ControlPlaneClient(server.target, token) as client,
+    ):
+        batch = [_call(1), _call(2, "odd", "x y"), _call(3, "odd"), _call(4)]
+        assert client.record_tool_calls(batch).accepted == 4  # stored and answered
+        assert client.record_tool_calls([_call(5)]).accepted == 1  # learning goes on
+        assert plane.learning.unlearned == {"ZeroDivisionError": 2}
+        assert plane.version == 5
+        assert [(t.tool_name, t.sample_count) for t in client.list_tools().tools] == [("bash", 3)]
+        shown = _metrics(server.server.metrics_port)
+        assert 'cachettl_events_unlearned_total{reason="ZeroDivisionError"} 2.0' in shown
+    assert store.count_tool_calls() == 5
+
+
 # -- defect 4: bounded names per tenant, bounded memory per model -----------------------
 
 
