@@ -11,6 +11,7 @@ learned, plus, for a sharing tenant, the publications of shared models (see
 
 from __future__ import annotations
 
+import contextvars
 import copyreg
 import io
 import pickle
@@ -18,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from controlplane.records import PinOutcome, StoredProgramEnd, StoredToolCall
 from controlplane.sharing import SharedModels, SharingRules
@@ -179,20 +180,30 @@ class ModelState:
             with lock:
                 models = self._duration_models()
             in_slices(lock, models, blob, LOCK_SLICE_S)
+        parts: list[bytes] = []
         with lock:
-            return self._dumps_with(blobs), self.tool_seq, self.end_seq
+            skeleton = self._dumps_with(blobs, parts)
+            tool_seq, end_seq = self.tool_seq, self.end_seq
+        # The models' bytes join the payload outside the lock.
+        return pickle.dumps((_MAGIC, skeleton, parts), _PROTOCOL), tool_seq, end_seq
 
     def _duration_models(self) -> list[DurationModel]:
         found = [model for _, model in self.models.durations.items()]
         found += [shared.raw for shared in self.shared.tools.values()]
         return found
 
-    def _dumps_with(self, blobs: dict[int, tuple[DurationModel, int, bytes]]) -> bytes:
-        def reduce(model: DurationModel) -> tuple[Callable[[bytes], Any], tuple[bytes]]:
+    def _dumps_with(
+        self, blobs: dict[int, tuple[DurationModel, int, bytes]], parts: list[bytes]
+    ) -> bytes:
+        """The state with each duration model replaced by its index in ``parts``."""
+
+        def reduce(model: DurationModel) -> tuple[Callable[[int], DurationModel], tuple[int]]:
             cached = blobs.get(id(model))
             if cached is not None and cached[0] is model and cached[1] == model.n_seen:
-                return pickle.loads, (cached[2],)
-            return pickle.loads, (pickle.dumps(model, _PROTOCOL),)
+                parts.append(cached[2])
+            else:  # changed since its slice: pickled again, now
+                parts.append(pickle.dumps(model, _PROTOCOL))
+            return _part, (len(parts) - 1,)
 
         buffer = io.BytesIO()
         pickler = pickle.Pickler(buffer, _PROTOCOL)
@@ -204,7 +215,14 @@ class ModelState:
 
     @staticmethod
     def loads(payload: bytes) -> ModelState:
-        state = pickle.loads(payload)
+        loaded = pickle.loads(payload)
+        if isinstance(loaded, tuple) and len(loaded) == 3 and loaded[0] == _MAGIC:
+            token = _PARTS.set(loaded[2])
+            try:
+                loaded = pickle.loads(loaded[1])
+            finally:
+                _PARTS.reset(token)
+        state = loaded
         if not isinstance(state, ModelState):
             raise TypeError("snapshot payload is not a ModelState")
         if not hasattr(state, "layout"):  # written before FORMAT 2: never reused
@@ -229,3 +247,12 @@ def in_slices(
 
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+_MAGIC = "cachettl-state-parts"
+#: The pickled models of the snapshot being loaded (see ``ModelState.dumps``).
+_PARTS: contextvars.ContextVar[list[bytes]] = contextvars.ContextVar("_PARTS")
+
+
+def _part(index: int) -> DurationModel:
+    model = pickle.loads(_PARTS.get()[index])
+    assert isinstance(model, DurationModel)
+    return model

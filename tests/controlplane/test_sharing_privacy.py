@@ -95,3 +95,26 @@ def test_the_anonymity_rule() -> None:
     assert not anonymous(Counter(a=50, b=5, c=5, d=5), rules)  # a dominates
     assert anonymous(Counter(a=8, b=5, c=5, d=5), rules)
     assert not anonymous(Counter(a=8, b=8, c=1, d=1), rules)  # for c: b holds 8 of 17
+
+
+@BOTH
+def test_a_restart_restores_published_models_and_versions(store: Store) -> None:
+    """Publications are a function of the log: a snapshot plus the tail, and a replay
+    of the whole log, give the same shared models and versions."""
+    rules = SharingRules(refresh_every=8)
+    plane = ControlPlane(store, min_samples=3, sharing=rules)
+    tenants = [plane.create_tenant(f"t{i}", share=True)[0] for i in range(5)]
+    for i, tenant in enumerate(tenants[:4]):
+        plane.record_tool_calls(tenant, _calls(f"a{i}", [0.2 + j / 50 for j in range(10)]))
+    assert plane.write_snapshot()
+    for i, tenant in enumerate(tenants[:4]):
+        plane.record_tool_calls(tenant, _calls(f"b{i}", [0.3 + j / 40 for j in range(10)]))
+    restored = ControlPlane(store, min_samples=3, sharing=rules)
+    replayed = ControlPlane(store, min_samples=3, sharing=SharingRules(refresh_every=8, grid=0.1))
+    for other in (restored, replayed):
+        assert other.state.shared.publications == plane.state.shared.publications == 2
+        assert [other.tenant_version(t) for t in tenants] == [
+            plane.tenant_version(t) for t in tenants
+        ]
+    assert restored.snapshot_payload(tenants[4]) == plane.snapshot_payload(tenants[4])
+    assert replayed.snapshot_payload(tenants[4]) != plane.snapshot_payload(tenants[4])
