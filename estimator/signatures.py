@@ -44,6 +44,8 @@ _WORD = re.compile(r"""\s*((?:[^\s'"\\]+|\\.|'[^']*'|"[^"\\]*(?:\\.[^"\\]*)*")+)
 _PIECE = re.compile(r"""'([^']*)'|"([^"\\]*(?:\\.[^"\\]*)*)"|\\(.)|([^'"\\]+)""", re.DOTALL)
 _DQ_ESCAPE = re.compile(r"""\\([\\"])""")
 _LOOSE_WORD = re.compile(r"\s*(\S+)")
+# A sub-command whose quotes all close (possessive: fails in linear time, no backtracking).
+_BALANCED = re.compile(r"""(?:[^'"\\]++|\\.|'[^']*+'|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+""", re.DOTALL)
 _BLANK = re.compile(r"\s*")
 # A JSON string (skipped whole) or one bracket.
 _JSON_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
@@ -77,9 +79,11 @@ def _loose_first_word(args: str, pos: int, end: int) -> str:
 def _first_word(args: str, start: int, end: int) -> str:
     """First word of the sub-command ``args[start:end]`` that is not an assignment.
 
-    Reads only up to that word. A quote left open (or a trailing backslash) before it
-    makes the sub-command be split on blanks instead, as ``shlex`` failing would.
+    A quote left open (or a trailing backslash) anywhere in the sub-command makes it be
+    split on blanks instead, as ``shlex`` failing would.
     """
+    if _BALANCED.fullmatch(args, start, end) is None:
+        return _loose_first_word(args, start, end)
     pos = start
     while True:
         m = _WORD.match(args, pos, end)

@@ -117,3 +117,32 @@ def test_registry_does_not_cache_huge_arguments() -> None:
     registry.signature("bash", "x" * 100_000)
     registry.signature("bash", "ls")
     assert [key[1] for key in registry._cache] == ["ls"]
+
+
+def _shlex_signature(args: str) -> str:
+    """The signature as the quadratic ``shlex`` reading gave it (the reference)."""
+    import re
+    import shlex
+
+    words = []
+    for part in re.split(r"&&|\|\||;|\||\n", args):
+        try:
+            tokens = shlex.split(part, posix=True)
+        except ValueError:
+            tokens = part.split()
+        tokens = [t for t in tokens if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", t)]
+        if tokens:
+            words.append(tokens[0].rsplit("/", 1)[-1])
+    return "+".join(words)[:MAX_SIGNATURE_CHARS]
+
+
+def test_shell_signature_reads_command_lines_as_shlex_did() -> None:
+    import random
+
+    rng = random.Random(0)
+    pieces = ["ls", "-la", "cd", "/tmp/x", "&&", "|", ";", "||", "'a b'", '"c d"', "FOO=1"]
+    pieces += ["python", "'import x; y'", "\\n", '"x\\"y"', "$(pwd)", "2>&1", "&", "FOO='x y'"]
+    pieces += ["\\", "'", '"', "a\\ b", "/usr/bin/env"]
+    for _ in range(3000):
+        args = " ".join(rng.choice(pieces) for _ in range(rng.randint(1, 8)))
+        assert shell_signature("bash", args) == _shlex_signature(args), args
