@@ -43,20 +43,23 @@ def _db(args: argparse.Namespace) -> str:
 
 
 def _add_name_limits(parser: argparse.ArgumentParser) -> None:
+    from controlplane.learning import NameLimits  # light: no estimator import
+
     parser.add_argument(
         "--max-tools-per-tenant",
         type=int,
-        default=1000,
+        default=NameLimits.max_tools,
         metavar="N",
         help="distinct tool names a tenant's models hold; a batch passing it is refused "
-        "(RESOURCE_EXHAUSTED, nothing stored) (default 1000)",
+        "(RESOURCE_EXHAUSTED, nothing stored) (default %(default)s)",
     )
     parser.add_argument(
         "--max-signatures-per-tenant",
         type=int,
-        default=10_000,
+        default=NameLimits.max_signatures,
         metavar="N",
-        help="distinct (tool, argument signature) pairs a tenant's models hold (default 10000)",
+        help="distinct (tool, argument signature) pairs a tenant's models hold "
+        "(default %(default)s)",
     )
 
 

@@ -19,10 +19,13 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from controlplane.errors import OverloadedError
 from controlplane.records import StoredProgramEnd, StoredToolCall, ToolCall
-from estimator.hierarchy import DurationHierarchy, NameLimitError
+
+if TYPE_CHECKING:  # light at import: the CLI reads NameLimits' defaults for its flags
+    from estimator.hierarchy import DurationHierarchy
 
 __all__ = ["LearningCounters", "NameLimitExceededError", "NameLimits", "check_names"]
 
@@ -123,6 +126,8 @@ class LearningCounters:
 
     def skipped(self, row: StoredToolCall | StoredProgramEnd, error: Exception) -> None:
         """Count and log one row learning skipped."""
+        from estimator.hierarchy import NameLimitError
+
         reason = "name_limit" if isinstance(error, NameLimitError) else type(error).__name__
         with self._lock:
             self.unlearned[reason] += 1
