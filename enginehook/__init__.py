@@ -1,5 +1,9 @@
 """CacheTTL's vLLM engine hook: TTL pinning, program-level priority, tool-call tracking.
 
+:class:`PinController` is the one object that decides about a finished turn's KV cache;
+the vLLM scheduler classes and the simulator both host it, under one
+:class:`SchedulingRules`.
+
 The modules imported here are engine-independent (plain ids, block counts and times) so
 that the simulator drives the same code; nothing here imports vLLM. The scheduler classes
 live in :mod:`enginehook.scheduler` (imports vLLM) and are loaded by vLLM with
@@ -9,15 +13,22 @@ live in :mod:`enginehook.scheduler` (imports vLLM) and are loaded by vLLM with
 from enginehook.decide import TtlDecider
 from enginehook.detect import DetectedCall, detect_tool_call
 from enginehook.hints import Hints
+from enginehook.lifecycle import EngineHost, FinishedTurn, PinController
 from enginehook.pins import Pin, PinResult, PinTable, ReleaseReason
 from enginehook.pressure import PressureRule, choose_victims, may_release
-from enginehook.priority import ProgramArrivals, SortedWaitQueue, priority_key
+from enginehook.priority import ProgramArrivals, SortedWaitQueue
+from enginehook.rules import ORDERINGS, VICTIMS, SchedulingRules
 from enginehook.tracker import PinOutcome, ProgramEndEvent, ToolCallEvent, ToolCallTracker
 
 __all__ = [
+    "ORDERINGS",
+    "VICTIMS",
     "DetectedCall",
+    "EngineHost",
+    "FinishedTurn",
     "Hints",
     "Pin",
+    "PinController",
     "PinOutcome",
     "PinResult",
     "PinTable",
@@ -25,6 +36,7 @@ __all__ = [
     "ProgramArrivals",
     "ProgramEndEvent",
     "ReleaseReason",
+    "SchedulingRules",
     "SortedWaitQueue",
     "ToolCallEvent",
     "ToolCallTracker",
@@ -32,5 +44,4 @@ __all__ = [
     "choose_victims",
     "detect_tool_call",
     "may_release",
-    "priority_key",
 ]

@@ -1,25 +1,13 @@
-"""Program-level ordering of the waiting queue.
+"""What the waiting-queue orderings stand on (:data:`enginehook.rules.ORDERINGS`).
 
-Waiting requests are served by the total order
-
-    (preempted first, program holds a live pin first, program's first arrival,
-     request arrival, request id)
-
-so that a program keeps its place in line across turns and returning turns whose cache
-is pinned go before newcomers. :class:`ProgramArrivals` remembers each program's first
-arrival; :class:`SortedWaitQueue` is a lazily sorted list with a peek/pop contract that
-an engine queue (vLLM's ``RequestQueue``) or a simulator can wrap.
+:class:`ProgramArrivals` remembers each program's first arrival (the paper's program-level
+order serves programs by it, so a program keeps its place in line across turns);
+:class:`SortedWaitQueue` is a lazily sorted list with a peek/pop contract that an engine
+queue (vLLM's ``RequestQueue``) or a simulator can wrap.
 
 >>> arrivals = ProgramArrivals()
->>> arrivals.observe("old", 100.0)
-100.0
->>> keys = [
-...     priority_key(False, False, arrivals.first("x", 101.0), 101.0, "x"),
-...     priority_key(False, True, 105.0, 105.0, "y-2"),
-...     priority_key(False, False, arrivals.first("old", 106.0), 106.0, "old-2"),
-... ]
->>> [k[-1] for k in sorted(keys)]
-['y-2', 'old-2', 'x']
+>>> arrivals.observe("old", 100.0), arrivals.observe("old", 106.0), arrivals.first("x", 101.0)
+(100.0, 100.0, 101.0)
 """
 
 from __future__ import annotations
@@ -27,53 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-__all__ = [
-    "PriorityKey",
-    "ProgramArrivals",
-    "SortedWaitQueue",
-    "effective_program_arrival",
-    "priority_key",
-]
+__all__ = ["ProgramArrivals", "SortedWaitQueue"]
 
-PriorityKey = tuple[int, int, float, float, str]
 T = TypeVar("T")
-
-
-def priority_key(
-    preempted: bool,
-    program_pinned: bool,
-    program_first_arrival: float,
-    arrival: float,
-    request_id: str,
-) -> PriorityKey:
-    """The sort key of one waiting request (smaller goes first).
-
-    A request without a program uses its own arrival as the program's first arrival.
-    """
-    return (
-        0 if preempted else 1,
-        0 if program_pinned else 1,
-        program_first_arrival,
-        arrival,
-        request_id,
-    )
-
-
-def effective_program_arrival(first_arrival: float, arrival: float, window_s: float) -> float:
-    """The program arrival a request is ordered by, with a bounded head start.
-
-    With ``window_s > 0`` a returning turn can overtake only requests that arrived less
-    than ``window_s`` before it, which bounds how long new programs' first turns wait;
-    ``window_s == 0`` is the paper's unbounded program-level order.
-
-    >>> effective_program_arrival(100.0, 130.0, 0.0)
-    100.0
-    >>> effective_program_arrival(100.0, 130.0, 5.0)
-    125.0
-    """
-    if window_s <= 0:
-        return first_arrival
-    return max(first_arrival, arrival - window_s)
 
 
 class ProgramArrivals:

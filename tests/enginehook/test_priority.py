@@ -1,4 +1,5 @@
-"""Waiting-queue priority key and the lazily sorted queue."""
+"""The paper's program order (the ``program`` ordering), program arrivals and the lazily
+sorted queue."""
 
 from __future__ import annotations
 
@@ -6,7 +7,31 @@ from dataclasses import dataclass
 
 import pytest
 
-from enginehook.priority import ProgramArrivals, SortedWaitQueue, priority_key
+from enginehook.priority import ProgramArrivals, SortedWaitQueue
+from enginehook.rules import ORDERINGS
+
+PROGRAM = ORDERINGS["program"]
+
+
+@dataclass
+class Ctx:
+    """What the ``program`` ordering asks of a controller."""
+
+    pinned_programs: set[str]
+    arrivals: ProgramArrivals
+    order_window_s: float = 0.0
+
+    def pinned(self, program_id: str | None) -> bool:
+        return program_id in self.pinned_programs
+
+    def first_arrival(self, program_id: str | None, default: float) -> float:
+        return self.arrivals.first(program_id, default)
+
+    def attained_service(self, program_id: str | None) -> float:
+        return 0.0
+
+    def attained_tokens(self, program_id: str | None) -> float:
+        return 0.0
 
 
 @dataclass
@@ -20,7 +45,7 @@ class Req:
 def test_key_orders_preempted_then_pinned_then_program_then_request_arrival():
     arrivals = ProgramArrivals()
     arrivals.observe("old", 100.0)
-    pinned = {"y"}
+    ctx = Ctx({"y"}, arrivals)
     reqs = [
         Req("x", "x", 101.0),
         Req("w", None, 102.0),
@@ -29,16 +54,16 @@ def test_key_orders_preempted_then_pinned_then_program_then_request_arrival():
         Req("r2", "r", 107.0, preempted=True),
     ]
 
-    def key(r: Req):
-        first = arrivals.first(r.program, r.arrival)
-        return priority_key(r.preempted, r.program in pinned, first, r.arrival, r.rid)
+    def key(r: Req) -> tuple[object, ...]:
+        return PROGRAM(ctx, 0, r.preempted, r.program, r.arrival, r.rid)
 
     assert [r.rid for r in sorted(reqs, key=key)] == ["r2", "y-2", "old-2", "x", "w"]
 
 
 def test_ties_break_on_arrival_then_id():
-    assert priority_key(False, False, 1.0, 2.0, "a") < priority_key(False, False, 1.0, 2.0, "b")
-    assert priority_key(False, False, 1.0, 2.0, "z") < priority_key(False, False, 1.0, 3.0, "a")
+    ctx = Ctx(set(), ProgramArrivals())
+    assert PROGRAM(ctx, 0, False, None, 2.0, "a") < PROGRAM(ctx, 0, False, None, 2.0, "b")
+    assert PROGRAM(ctx, 0, False, None, 2.0, "z") < PROGRAM(ctx, 0, False, None, 3.0, "a")
 
 
 def test_program_arrivals_keep_the_first_and_forget():
@@ -53,8 +78,9 @@ def test_program_arrivals_keep_the_first_and_forget():
 
 def test_queue_resorts_when_keys_change_and_pop_returns_the_peeked_item():
     pinned: set[str] = set()
+    ctx = Ctx(pinned, ProgramArrivals())
     q: SortedWaitQueue[Req] = SortedWaitQueue(
-        key=lambda r: priority_key(False, r.program in pinned, r.arrival, r.arrival, r.rid)
+        key=lambda r: PROGRAM(ctx, 0, False, r.program, r.arrival, r.rid)
     )
     a, b = Req("a", "A", 1.0), Req("b", "B", 2.0)
     q.add(a)
@@ -87,11 +113,11 @@ def test_prepend_goes_first_until_next_sort_and_remove():
 
 
 def test_order_window_bounds_the_head_start_of_returning_turns():
-    from enginehook.priority import effective_program_arrival
-
-    newcomer = priority_key(False, False, 50.0, 50.0, "new")
-    soon = priority_key(False, False, effective_program_arrival(0.0, 52.0, 5.0), 52.0, "old-a")
-    late = priority_key(False, False, effective_program_arrival(0.0, 60.0, 5.0), 60.0, "old-b")
-    unbounded = priority_key(False, False, effective_program_arrival(0.0, 60.0, 0.0), 60.0, "x")
+    arrivals = ProgramArrivals()
+    arrivals.observe("old", 0.0)
+    windowed, unbounded = Ctx(set(), arrivals, 5.0), Ctx(set(), arrivals, 0.0)
+    newcomer = PROGRAM(windowed, 0, False, "new", 50.0, "new")
+    soon = PROGRAM(windowed, 0, False, "old", 52.0, "old-a")  # within 5 s of the newcomer
+    late = PROGRAM(windowed, 0, False, "old", 60.0, "old-b")
     assert soon < newcomer < late
-    assert unbounded < newcomer
+    assert PROGRAM(unbounded, 0, False, "old", 60.0, "x") < newcomer
