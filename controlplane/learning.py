@@ -72,12 +72,10 @@ _FLAGS = {"tool names": "--max-tools-per-tenant", "signatures": "--max-signature
 def check_names(durations: DurationHierarchy, tenant: str, calls: Sequence[ToolCall]) -> None:
     """Raise ``NameLimitExceededError`` if learning ``calls`` would pass a bound of ``tenant``.
 
-    Call it under the writer lock (names change only there); it reads the models but
-    computes signatures without the registry's cache (which decisions use concurrently).
+    Call it under the writer lock (names change only there); it reads the models and the
+    signature cache but changes neither (decisions use them concurrently).
     """
     max_tools, max_signatures = durations.max_tools, durations.max_signatures
-    if max_tools is None and max_signatures is None:
-        return
     tools, signatures = durations.name_counts(tenant)
     # Far from both bounds (the usual case), the batch cannot pass them: nothing to parse.
     if max_tools is None or tools + len(calls) <= max_tools:
