@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from estimator import DEFAULT_TTL_CAP_S
+
 __all__ = ["default_db_url", "register"]
 
 _SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -82,7 +84,9 @@ def _register_serve(commands: _SubParsers) -> None:
     _add_db(p)
     p.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT")
     p.add_argument("--policy", choices=POLICY_CHOICES, default="cachettl")
-    p.add_argument("--ttl-cap", type=float, default=300.0, help="cachettl: TTL cap, seconds")
+    p.add_argument(
+        "--ttl-cap", type=float, default=DEFAULT_TTL_CAP_S, help="cachettl: TTL cap, seconds"
+    )
     p.add_argument("--min-samples", type=int, default=100, help="back-off threshold K")
     p.add_argument(
         "--profile",

@@ -45,7 +45,7 @@ def _tenant(plane: ControlPlane, name: str) -> Tenant:
 def run(action: str, args: argparse.Namespace, url: str) -> int:
     store = create_store(url)
     try:
-        params = {"ttl_cap_s": 300.0} if args.policy == "cachettl" else {}
+        params: dict[str, float] = {}  # the policy's own defaults (cachettl: its TTL cap)
         limits = NameLimits(args.max_tools_per_tenant, args.max_signatures_per_tenant)
         plane = ControlPlane(store, args.policy, params, args.min_samples, name_limits=limits)
         tenant = _tenant(plane, args.tenant)
