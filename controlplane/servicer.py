@@ -18,6 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
@@ -162,10 +163,18 @@ class Servicer:
         self.tenants = TenantCache(plane.store.tenant_by_token_hash, auth)
         self.gate = Gate(budgets or Budgets(), self.tenants)
         self._builds: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
+        # Views (listings, distributions, snapshots) are built on one thread of their
+        # own: they hold the model lock a slice at a time, and fewer threads competing
+        # for the GIL keep those slices short.
+        self._views = ThreadPoolExecutor(1, "cachettl-views")
         self._latest: dict[str, tuple[int, bytes]] = {}
 
     def close(self) -> None:
         self.tenants.close()
+        self._views.shutdown(wait=False, cancel_futures=True)
+
+    async def _view(self, fn: Callable[..., R], *args: Any) -> R:
+        return await asyncio.get_running_loop().run_in_executor(self._views, fn, *args)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -320,7 +329,7 @@ class Servicer:
             ]
             return inspect_pb2.ListToolsResponse(tools=tools, model_version=version)
 
-        return await asyncio.to_thread(work)
+        return await self._view(work)
 
     async def GetToolDistribution(  # noqa: N802
         self,
@@ -330,12 +339,10 @@ class Servicer:
     ) -> inspect_pb2.GetToolDistributionResponse:
         tool, args, points = validation.distribution_request(request)
         version = self.plane.tenant_version(tenant)
-        view = await asyncio.to_thread(
-            self.plane.tool_distribution, tenant.name, tool, args, points
-        )
+        view = await self._view(self.plane.tool_distribution, tenant.name, tool, args, points)
         if view is None:
             raise NotFoundError(f"tool_name: no samples of tool {tool!r}")
-        return await asyncio.to_thread(_distribution, view, version)
+        return await self._view(_distribution, view, version)
 
     async def GetWorkloadStats(  # noqa: N802
         self,
@@ -390,7 +397,7 @@ class Servicer:
             return latest
         build = self._builds.get(tenant.name)
         if build is None:
-            build = asyncio.ensure_future(asyncio.to_thread(self.plane.snapshot_payload, tenant))
+            build = asyncio.ensure_future(self._view(self.plane.snapshot_payload, tenant))
             self._builds[tenant.name] = build
             build.add_done_callback(functools.partial(self._built, tenant.name))
         return await asyncio.shield(build)

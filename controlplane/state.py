@@ -179,7 +179,7 @@ class ModelState:
         else:
             with lock:
                 models = self._duration_models()
-            in_slices(lock, models, blob, LOCK_SLICE_S)
+            in_slices(lock, models, blob, LOCK_SLICE_S, pause_s=LOCK_SLICE_S)
         parts: list[bytes] = []
         with lock:
             skeleton = self._dumps_with(blobs, parts)
@@ -231,10 +231,16 @@ class ModelState:
 
 
 def in_slices(
-    lock: threading.RLock, items: Sequence[T], work: Callable[[T], None], slice_s: float
+    lock: threading.RLock,
+    items: Sequence[T],
+    work: Callable[[T], None],
+    slice_s: float,
+    pause_s: float = 0.0,
 ) -> None:
     """``work(item)`` for each item in order, holding ``lock`` about ``slice_s`` at a time
-    (one item more at most), so that others waiting for it wait about that long."""
+    (one item more at most), so that others waiting for it wait about that long. Between
+    slices the thread sleeps ``pause_s`` (0: it only yields the GIL), so that background
+    work leaves the event loop the interpreter most of the time."""
     i = 0
     while i < len(items):
         with lock:
@@ -244,6 +250,7 @@ def in_slices(
                 i += 1
                 if time.perf_counter() >= deadline:
                     break
+        time.sleep(pause_s)
 
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
