@@ -8,6 +8,7 @@ exposes the lifecycle::
 
     arrived ─► admitted (a live pin hands its blocks over) ─► finished (decide, pin, track)
     expire(now) · relieve(needed, ...) under memory pressure · order_key(...) of the queue
+    admission_tick(now) · may_admit(program) where a program-level admission runs
 
 An engine implements the small :class:`EngineHost` protocol (free KV, the waiting queue,
 giving a pinned handle back, receiving events); nothing here knows vLLM or the simulator,
@@ -21,6 +22,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from enginehook.admission import ProgramAdmission
 from enginehook.pins import Pin, PinTable, ReleaseReason
 from enginehook.pressure import PressureRule, may_release
 from enginehook.priority import ProgramArrivals
@@ -42,9 +44,10 @@ class FinishedTurn:
     ``tool``: the tool it called (``None``: none). ``last_turn``: the program ends here.
     ``pin``: the client allows pinning this turn. ``offloaded_tokens``: how much of the
     context a CPU tier holds (``None``: all of it, when a tier is on). ``service_s``: model
-    time the turn took (attained service). ``ttl_s``: the TTL the client set for this
-    turn (the decider should honour it). ``true_duration_s``: the tool's real duration,
-    known only to a simulator (the oracle policy uses it).
+    time the turn took (attained service); ``output_tokens``: tokens it generated (with
+    ``context_tokens``, its weighted-token service: prompt + 2 × output). ``ttl_s``: the
+    TTL the client set for this turn (the decider should honour it). ``true_duration_s``:
+    the tool's real duration, known only to a simulator (the oracle policy uses it).
     """
 
     program_id: str
@@ -56,6 +59,7 @@ class FinishedTurn:
     pin: bool = True
     offloaded_tokens: int | None = None
     service_s: float = 0.0
+    output_tokens: int = 0
     ttl_s: float | None = None
     true_duration_s: float | None = None
 
@@ -119,8 +123,10 @@ class PinController(Generic[H]):
         decider: Decider | None,
         engine_id: str,
         cpu_tier: bool = False,
+        block_size: int = 16,
     ) -> None:
-        """``decider``: ``None`` never pins (the controller still tracks and orders)."""
+        """``decider``: ``None`` never pins (the controller still tracks and orders).
+        ``block_size``: tokens per KV block (the admission's capacity is the pool's tokens)."""
         self.rules = rules
         self.host = host
         self.decider = decider
@@ -132,6 +138,12 @@ class PinController(Generic[H]):
         self._trackers: dict[str, ToolCallTracker] = {}
         self._tenants: dict[str, str] = {}
         self._service: dict[str, float] = {}
+        self._tokens: dict[str, float] = {}
+        self.admission: ProgramAdmission | None = None
+        if rules.admission == "thunderagent":
+            self.admission = ProgramAdmission(
+                pool_blocks * block_size, interval_s=rules.admission_interval_s
+            )
         self._order = ORDERINGS[rules.ordering]
         self._victims = VICTIMS[rules.victim]
         self.cpu_tier = cpu_tier
@@ -165,11 +177,39 @@ class PinController(Generic[H]):
     def attained_service(self, program_id: str | None) -> float:
         return self._service.get(program_id, 0.0) if program_id is not None else 0.0
 
+    def attained_tokens(self, program_id: str | None) -> float:
+        return self._tokens.get(program_id, 0.0) if program_id is not None else 0.0
+
     def order_key(
         self, priority: int, preempted: bool, program_id: str | None, arrival: float, rid: str
     ) -> tuple[object, ...]:
-        """The waiting-queue sort key of one request (smaller goes first)."""
-        return self._order(self, priority, preempted, program_id, arrival, rid)
+        """The waiting-queue sort key of one request (smaller goes first). With an
+        admission, requests of paused programs sort after every other (the host stops
+        admitting at the first one, :meth:`may_admit`)."""
+        key = self._order(self, priority, preempted, program_id, arrival, rid)
+        if self.admission is not None:
+            return (1 if self.admission.held(program_id) else 0, *key)
+        return key
+
+    # -- program-level admission ------------------------------------------------------------
+    def may_admit(self, program_id: str | None) -> bool:
+        """Whether a waiting request of the program may be admitted (its program is not
+        paused by the admission)."""
+        return self.admission is None or not self.admission.held(program_id)
+
+    def admission_tick(self, now: float) -> bool:
+        """Run the admission's periodic pause/resume check when due; ``True`` when a
+        program was resumed (queue order changed). Hosts call it every scheduling step."""
+        if self.admission is None or not self.admission.due(now):
+            return False
+        return bool(self.admission.tick(now))
+
+    def next_admission_check(self) -> float | None:
+        """When the admission checks next while a program is paused (an idle host must
+        wake up then); ``None`` without one."""
+        if self.admission is None or not self.admission.paused_count():
+            return None
+        return self.admission.next_tick()
 
     # -- the lifecycle ---------------------------------------------------------------------
     def tracker(self, tenant: str = "default") -> ToolCallTracker:
@@ -182,11 +222,21 @@ class PinController(Generic[H]):
     def _tracker_of(self, program_id: str) -> ToolCallTracker:
         return self.tracker(self._tenants.get(program_id, "default"))
 
-    def arrived(self, program_id: str, arrival: float, now: float, tenant: str = "default") -> None:
-        """A request of the program arrived (``arrival``: its queue time)."""
+    def arrived(
+        self,
+        program_id: str,
+        arrival: float,
+        now: float,
+        tenant: str = "default",
+        prompt_tokens: int = 0,
+    ) -> None:
+        """A request of the program arrived (``arrival``: its queue time; ``prompt_tokens``:
+        its prompt, which the admission counts)."""
         self._tenants[program_id] = tenant
         self.arrivals.observe(program_id, arrival)
         self.tracker(tenant).arrived(program_id, now)
+        if self.admission is not None:
+            self.admission.arrived(program_id, prompt_tokens, now)
 
     def admitted(self, program_id: str, now: float) -> Pin[H] | None:
         """A request of the program was admitted: a live pin hands its blocks over
@@ -205,6 +255,10 @@ class PinController(Generic[H]):
         program = turn.program_id
         tracker = self._tracker_of(program)
         self._service[program] = self._service.get(program, 0.0) + turn.service_s
+        served = turn.context_tokens + turn.output_tokens
+        self._tokens[program] = self._tokens.get(program, 0.0) + served
+        if self.admission is not None and not turn.last_turn:
+            self.admission.finished(program, turn.context_tokens, now)
         if turn.last_turn:
             self.end_program(program, now)
             return Finish()
@@ -290,7 +344,10 @@ class PinController(Generic[H]):
     def _forget(self, program_id: str) -> None:
         self.arrivals.forget(program_id)
         self._service.pop(program_id, None)
+        self._tokens.pop(program_id, None)
         self._tenants.pop(program_id, None)
+        if self.admission is not None:
+            self.admission.ended(program_id)
 
     # -- time and memory -----------------------------------------------------------------
     def expire(self, now: float) -> list[Pin[H]]:

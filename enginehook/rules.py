@@ -14,7 +14,7 @@ ordering strategies are chosen by name from two registries (:data:`VICTIMS`,
 >>> SchedulingRules(victim="newest")
 Traceback (most recent call last):
 ...
-ValueError: victim must be one of: latest-arrival, latest-expiry, lowest-loss; got 'newest'
+ValueError: victim must be one of: latest-arrival, latest-expiry, ..., lowest-loss; got 'newest'
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from enginehook.admission import INTERVAL_S
 from enginehook.pins import Pin
 from enginehook.pressure import PressureRule, choose_victims, take_until_covered
 from estimator import DEFAULT_TTL_CAP_S
 
 __all__ = [
+    "ADMISSIONS",
     "ORDERINGS",
     "VICTIMS",
     "OrderContext",
@@ -78,6 +80,16 @@ def _latest_arrival(
     return take_until_covered(order, needed)
 
 
+@register_victims("least-recent")
+def _least_recent(
+    pins: Sequence[Pin[Any]], needed: int, now: float, waiting: Collection[str]
+) -> list[Pin[Any]]:
+    """LRU: the pin made longest ago goes first (SGLang's radix cache evicts the least
+    recently used referenced entries once no unreferenced entry is left)."""
+    order = sorted(pins, key=lambda p: (p.pinned_at, p.program_id))
+    return take_until_covered(order, needed)
+
+
 @register_victims("latest-expiry")
 def _latest_expiry(
     pins: Sequence[Pin[Any]], needed: int, now: float, waiting: Collection[str]
@@ -93,6 +105,7 @@ class OrderContext(Protocol):
     def pinned(self, program_id: str | None) -> bool: ...
     def first_arrival(self, program_id: str | None, default: float) -> float: ...
     def attained_service(self, program_id: str | None) -> float: ...
+    def attained_tokens(self, program_id: str | None) -> float: ...
     @property
     def order_window_s(self) -> float: ...
 
@@ -170,6 +183,33 @@ def _plas(
     return (priority, 0 if preempted else 1, level, t, rid)
 
 
+@register_ordering("las")
+def _las(
+    ctx: OrderContext, priority: int, preempted: bool, program: str | None, t: float, rid: str
+) -> tuple[Any, ...]:
+    """llm-d's ``program-aware-fairness`` (EPP v0.9.0, strategy ``las``): the program with
+    the least attained service goes first, service counted in weighted tokens of its
+    finished requests (prompt + 2 × output); the oldest head-of-queue request breaks ties
+    (its 0.2 head-wait weight, which its README calls the cold-start tiebreaker).
+    Preempted requests first, as the vLLM engine behind the router does."""
+    return (priority, 0 if preempted else 1, ctx.attained_tokens(program), t, rid)
+
+
+@register_ordering("pinned-las")
+def _pinned_las(
+    ctx: OrderContext, priority: int, preempted: bool, program: str | None, t: float, rid: str
+) -> tuple[Any, ...]:
+    """Pins with least attained service: preempted, then programs holding a live pin (their
+    blocks are already held, admitting them costs no memory), then :func:`_las`'s order, so
+    a new program (no service yet) goes ahead of every returning turn whose pin is gone."""
+    pinned = 0 if ctx.pinned(program) else 1
+    return (priority, 0 if preempted else 1, pinned, ctx.attained_tokens(program), t, rid)
+
+
+#: Program-level admission strategies (``SchedulingRules.admission``).
+ADMISSIONS = ("none", "thunderagent")
+
+
 # -- the rules ----------------------------------------------------------------------------
 def _check_seconds(name: str, value: Any, *, finite: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
@@ -230,6 +270,17 @@ class SchedulingRules:
         default="lowest-loss",
         metadata={"help": "which pins go first under memory pressure (VICTIMS)"},
     )
+    admission: str = field(
+        default="none",
+        metadata={
+            "help": "program-level admission: none, or thunderagent (pause and resume whole "
+            "programs at tool boundaries so admitted programs' KV fits; enginehook.admission)"
+        },
+    )
+    admission_interval_s: float = field(
+        default=INTERVAL_S,
+        metadata={"help": "period of the admission's pause/resume check, seconds"},
+    )
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -238,6 +289,11 @@ class SchedulingRules:
             set_(self, "tier_pressure", _rule_value("tier_pressure", self.tier_pressure))
         set_(self, "ordering", _check_name("ordering", self.ordering, ORDERINGS))
         set_(self, "victim", _check_name("victim", self.victim, VICTIMS))
+        set_(self, "admission", _check_name("admission", self.admission, dict.fromkeys(ADMISSIONS)))
+        interval = _check_seconds("admission_interval_s", self.admission_interval_s)
+        if interval <= 0:
+            raise ValueError(f"admission_interval_s must be > 0, got {interval!r}")
+        set_(self, "admission_interval_s", interval)
         set_(self, "order_window_s", _check_seconds("order_window_s", self.order_window_s))
         if self.tier_order_window_s is not None:
             window = _check_seconds("tier_order_window_s", self.tier_order_window_s)

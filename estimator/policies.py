@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from estimator._checks import check_count, check_non_negative
-from estimator.hierarchy import Level
+from estimator.hierarchy import CONTRADICTION_ALPHA, Level
 from estimator.models import Models
 from estimator.profiles import HardwareProfile
 from estimator.ttl import best_ttl_mixture, exponential_ttl
@@ -191,6 +191,7 @@ def _search(
     cap_s: float | None,
     pressure: float = 1.0,
     prior_samples: float = 0.0,
+    contradiction_alpha: float = 0.0,
 ) -> Decision:
     """Maximise F(τ)·B − λ·τ (λ = ``pressure``, the paper's λ = 1): the same exact search
     on the benefit B/λ. F is the first level with enough samples (the paper's back-off);
@@ -200,9 +201,13 @@ def _search(
     and empirical CDF Fₙ, whose prior is its parent's distribution G with strength α,
     predicts (n·Fₙ + α·G)/(n + α). Applied from the chosen level (or the exponential
     cold-start law) up to the most specific level, a call's own few samples move its TTL
-    at once instead of counting for nothing until they number K.
+    at once instead of counting for nothing until they number K. With
+    ``contradiction_alpha`` > 0 a thin level whose samples clearly contradict the qualified
+    level's decides alone (:meth:`DurationHierarchy.chain`).
     """
-    chain = models.durations.chain(facts.tool, facts.tool_args, facts.tenant, levels)
+    chain = models.durations.chain(
+        facts.tool, facts.tool_args, facts.tenant, levels, contradiction_alpha
+    )
     chosen = chain.chosen
     load_benefit = benefit / pressure
     if prior_samples > 0.0 and chain.thin:
@@ -258,7 +263,9 @@ class CachettlPolicy(TtlPolicy):
     cost priced by the load of the moment (``load_aware``; λ = 1 when the caller passes no
     load signals), η from the program's own progress (``per_program``) and, with
     ``prior_samples`` α > 0, levels with too few samples blended into the back-off (see
-    ``_search``). The defaults are those the simulator's ablation kept
+    ``_search``); a thin level whose own samples clearly contradict the level the back-off
+    reached decides alone (``contradiction_alpha``, a Kolmogorov–Smirnov test; 0: off).
+    The defaults are those the simulator's ablation kept
     (simulator/README.md, "cachettl vs the paper").
 
     >>> models = get_policy("cachettl").new_models(min_samples=2)
@@ -285,9 +292,13 @@ class CachettlPolicy(TtlPolicy):
         load_floor: float = 0.25,
         per_program: bool = True,
         prior_samples: float = 0.0,
+        contradiction_alpha: float = CONTRADICTION_ALPHA,
     ) -> None:
         self.ttl_cap_s = check_non_negative("ttl_cap_s", ttl_cap_s)
         self.prior_samples = check_non_negative("prior_samples", prior_samples)
+        self.contradiction_alpha = check_non_negative("contradiction_alpha", contradiction_alpha)
+        if self.contradiction_alpha >= 1:
+            raise ValueError(f"contradiction_alpha must be < 1, got {contradiction_alpha!r}")
         self.load_aware = load_aware
         self.load_floor = check_non_negative("load_floor", load_floor)
         if not 0.0 < load_floor <= 1.0:
@@ -332,6 +343,7 @@ class CachettlPolicy(TtlPolicy):
             self.ttl_cap_s,
             self.pressure(facts),
             self.prior_samples,
+            self.contradiction_alpha,
         )
 
 

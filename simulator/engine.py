@@ -81,6 +81,7 @@ class Host(Protocol):
     """What the engine asks and tells the simulation around it."""
 
     def pinned_blocks_of(self, program_id: str) -> int: ...
+    def may_admit(self, request: Request) -> bool: ...
     def take_pin(self, request: Request, now: float) -> int: ...
     def release_pins(self, needed: int, request: Request, now: float, running: bool) -> bool: ...
     def on_admit(self, request: Request, now: float) -> None: ...
@@ -212,6 +213,8 @@ class Engine:
             if len(self.running) >= self.config.max_num_seqs:
                 return reload_total, True
             request = self.waiting.peek()
+            if not self.host.may_admit(request):  # held by a program-level admission
+                return reload_total, True
             max_hit = self._full_blocks(request.prompt_tokens - 1)
             pinned = min(self.host.pinned_blocks_of(request.program_id), max_hit)
             cached = 0 if pinned else min(self.pool.cached_prefix(request.program_id), max_hit)

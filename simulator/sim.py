@@ -138,6 +138,7 @@ class Simulation:
             decider=policy if policy.uses_pins else None,
             engine_id="sim",
             cpu_tier=self.engine.cpu is not None,
+            block_size=self.config.block_size,
         )
         self.pins = self.controller.pins
         self.on_program_end = on_program_end
@@ -182,6 +183,9 @@ class Simulation:
         self.policy.learn(event)
 
     # -- the engine's host interface -----------------------------------------------------
+    def may_admit(self, request: Request) -> bool:
+        return self.controller.may_admit(request.program_id)
+
     def pinned_blocks_of(self, program_id: str) -> int:
         pin = self.pins.get(program_id)
         return pin.handle if pin is not None and pin.handle is not None else 0
@@ -236,6 +240,7 @@ class Simulation:
                 last_turn=turn.tool is None,
                 offloaded_tokens=full * self.config.block_size if cpu else None,
                 service_s=now - (request.admitted_at or now),
+                output_tokens=turn.output_tokens,
                 true_duration_s=turn.tool_duration_s,
             ),
             now,
@@ -271,7 +276,8 @@ class Simulation:
         k = state.next_turn
         state.next_turn += 1
         turn = program.turns[k]
-        self.controller.arrived(program.program_id, now, now, program.tenant)
+        prompt = state.context + turn.input_tokens
+        self.controller.arrived(program.program_id, now, now, program.tenant, prompt)
         request = Request(
             f"{program.program_id}#{k}",
             program.program_id,
@@ -307,15 +313,19 @@ class Simulation:
     def start_step(self, now: float, horizon: float) -> Iterable[Event]:
         if now >= self._next_sample:
             self._sample(now)
-        if self.controller.expire(now):
+        changed = self.controller.admission_tick(now)
+        if self.controller.expire(now) or changed:
             self.engine.waiting.mark_dirty()
         scheduled, reload, blocked = self.engine.schedule(now)
         if not scheduled:
             self._stepping = False
-            expiry = self.pins.next_expiry() if self.engine.waiting else None
-            if expiry is not None:
+            wake = None
+            if self.engine.waiting:
+                times = (self.pins.next_expiry(), self.controller.next_admission_check())
+                wake = min((t for t in times if t is not None), default=None)
+            if wake is not None:
                 self._stepping = True
-                return [_StepStart(max(expiry, now) + 1e-9, self)]
+                return [_StepStart(max(wake, now) + 1e-9, self)]
             return []
         dt = self.engine.step_time(scheduled, reload)
         steps = 1
@@ -323,6 +333,9 @@ class Simulation:
             limit = horizon
             if len(self.pins):  # an expiry changes memory (and maybe admission)
                 limit = min(limit, self.pins.next_expiry() or math.inf)
+            check = self.controller.next_admission_check()
+            if check is not None:  # a resume changes admission
+                limit = min(limit, check)
             steps, dt = self._fast_forward(scheduled, now, dt, limit)
         self._pinned_integral += self.pins.pinned_blocks * dt
         self._steps += steps

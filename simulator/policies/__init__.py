@@ -17,6 +17,9 @@ continuum-preview    the authors' preview code: fixed 2 s pin, skip tools with m
 continuum            the paper (estimator policy ``continuum``), models learned online
 cachettl             ours (:mod:`simulator.policies.cachettl`): a switch per improvement
 oracle               knows each tool's true duration, pins exactly when it pays
+thunderagent         ThunderAgent: pauses/resumes whole programs to fit KV, no pins
+llmd-fairness        llm-d program-aware fairness: least attained service per session
+sglang-session       SGLang session radix cache: kept until close, LRU after free cache
 ===================  =====================================================================
 """
 
@@ -32,6 +35,7 @@ from simulator.policies.base import (
 )
 from simulator.policies.baselines import Autellix, ProgramFcfs
 from simulator.policies.cachettl import BASE, DEFAULTS, IMPROVEMENTS, Cachettl
+from simulator.policies.peers import LlmdFairness, SglangSession, ThunderAgent
 from simulator.policies.pinning import (
     PAPER_RULES,
     Continuum,
@@ -53,12 +57,15 @@ __all__ = [
     "Continuum",
     "ContinuumPreview",
     "Infercept",
+    "LlmdFairness",
     "Oracle",
     "Param",
     "PinningPolicy",
     "ProgramFcfs",
     "SchedulingPolicy",
+    "SglangSession",
     "StaticTtl",
+    "ThunderAgent",
     "get_scheduling_policy",
     "paper_tool_key",
     "register_scheduling_policy",

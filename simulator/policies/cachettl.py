@@ -9,6 +9,8 @@ parameter           on                                                          
 ==================  ===========================================================  =========
 keys                ``invocation``: (tool, argument signature) with back-off     ``tool``
 prior_samples       α > 0: levels with < K samples blended into the back-off     0
+contradiction_alpha a thin level whose samples contradict its parent (KS test at    0
+                    this significance) decides alone
 load_aware          holding priced by λ from waiting KV demand and free KV       λ = 1
 drift               ADWIN drift forgetting of duration models                    keep all
 share               shared cross-tenant priors for cold start                    none
@@ -37,6 +39,7 @@ from typing import Any, ClassVar
 from enginehook.lifecycle import FinishedTurn
 from enginehook.rules import SchedulingRules
 from estimator import Decision, RequestFacts, SignatureRegistry, TtlPolicy, get_policy
+from estimator.hierarchy import CONTRADICTION_ALPHA
 from simulator.policies.base import Param, paper_tool_key, register_scheduling_policy, rule_params
 from simulator.policies.pinning import PAPER_RULES, PinningPolicy
 
@@ -65,6 +68,13 @@ def _finite_non_negative(value: str) -> float:
     return number
 
 
+def _alpha(value: str) -> float:
+    number = float(value)
+    if not 0.0 <= number < 1.0:
+        raise ValueError("must be in [0, 1)")
+    return number
+
+
 def _floor(value: str) -> float:
     number = float(value)
     if not 0.0 < number <= 1.0:
@@ -79,6 +89,7 @@ RULES = SchedulingRules()
 _ESTIMATOR_DEFAULTS: dict[str, Any] = {
     "keys": "invocation",
     "prior_samples": 0.0,
+    "contradiction_alpha": CONTRADICTION_ALPHA,
     "load_aware": True,
     "load_floor": 0.25,
     "drift": True,
@@ -91,6 +102,7 @@ _ESTIMATOR_DEFAULTS: dict[str, Any] = {
 BASE: dict[str, Any] = {
     "keys": "tool",
     "prior_samples": 0.0,
+    "contradiction_alpha": 0.0,
     "load_aware": False,
     "drift": False,
     "share": False,
@@ -107,6 +119,7 @@ BASE: dict[str, Any] = {
 IMPROVEMENTS: dict[str, dict[str, Any]] = {
     "invocation keys": {"keys": "invocation"},
     "blended back-off": {"keys": "invocation", "prior_samples": 20.0},
+    "contradiction override": {"keys": "invocation", "contradiction_alpha": CONTRADICTION_ALPHA},
     "load-aware cost": {"load_aware": True},
     "drift forgetting": {"drift": True},
     "shared priors": {"share": True},
@@ -134,6 +147,11 @@ _OWN = {
         DEFAULTS["prior_samples"],
         "blend thin levels into the back-off (0: off)",
     ),
+    "contradiction_alpha": Param(
+        _alpha,
+        DEFAULTS["contradiction_alpha"],
+        "a thin level whose samples contradict its parent at this significance decides (0: off)",
+    ),
     "load_aware": Param(_flag, DEFAULTS["load_aware"], "price holding by the load now"),
     "load_floor": Param(_floor, DEFAULTS["load_floor"], "lowest λ of the load-aware cost"),
     "drift": Param(_flag, DEFAULTS["drift"], "forget a tool's old regime on drift"),
@@ -158,6 +176,7 @@ class Cachettl(PinningPolicy):
     }
     keys: str
     prior_samples: float
+    contradiction_alpha: float
     load_aware: bool
     load_floor: float
     drift: bool
@@ -173,6 +192,7 @@ class Cachettl(PinningPolicy):
             load_floor=self.load_floor,
             per_program=self.per_program,
             prior_samples=self.prior_samples,
+            contradiction_alpha=self.contradiction_alpha,
         )
 
     @property

@@ -105,7 +105,9 @@ def test_every_rule_has_help_and_parses_from_text() -> None:
     assert rules.in_force(cpu_tier=True) == (PressureRule.ALWAYS, 5.0)
     with pytest.raises(ValueError, match="unknown scheduling rule 'cap'; valid: pressure"):
         SchedulingRules.parse({"cap": 1})
-    with pytest.raises(ValueError, match="ordering must be one of: fcfs, pinned-program, plas"):
+    with pytest.raises(
+        ValueError, match="ordering must be one of: fcfs, las, pinned-las, pinned-program, plas"
+    ):
         SchedulingRules(ordering="lifo")
     with pytest.raises(ValueError, match=r"budget_share must be in \[0, 1\], got 1.5"):
         SchedulingRules(budget_share=1.5)

@@ -20,6 +20,7 @@ from estimator import (
     optimal_ttl,
     shell_signature,
 )
+from estimator.hierarchy import MIN_CONTRADICTING_SAMPLES
 
 
 @pytest.mark.parametrize(
@@ -298,15 +299,64 @@ def test_blended_back_off_lets_a_few_own_samples_count() -> None:
     facts = RequestFacts(
         tool="bash", tool_args="cat README.md", reload_cost_s=0.5, queue_delay_s=0.0
     )
-    paper = get_policy("cachettl").decide(facts, models)
+    # the plain back-off (no contradiction test): the tool decides
+    paper = get_policy("cachettl", contradiction_alpha=0.0).decide(facts, models)
     assert (paper.ttl_s, paper.basis) == (0.0, "tool")  # bash is slow: no pin
-    blended = get_policy("cachettl", prior_samples=20.0).decide(facts, models)
+    blended = get_policy("cachettl", prior_samples=20.0, contradiction_alpha=0.0).decide(
+        facts, models
+    )
     assert blended.ttl_s == 0.05
     # n/(n + α) of its own samples plus α/(n + α) of the tool's F(0.05 s) = 10/160
     assert blended.return_probability == pytest.approx(10 / 30 + 20 / 30 * 10 / 160)
     assert blended.basis == "invocation+tool"
-    weak = get_policy("cachettl", prior_samples=1000.0).decide(facts, models)
-    assert weak.ttl_s == 0.0  # a strong prior: ten samples do not outweigh the tool
+    weak = get_policy("cachettl", prior_samples=1000.0, contradiction_alpha=0.0)
+    assert weak.decide(facts, models).ttl_s == 0.0  # ten samples do not outweigh the tool
+    # By default the ten samples, all 0.05 s against a tool of 20-40 s test runs, clearly
+    # contradict the tool: the invocation decides alone.
+    own = get_policy("cachettl").decide(facts, models)
+    assert (own.ttl_s, own.basis, own.return_probability) == (0.05, "invocation", 1.0)
+
+
+def _pytest_under_bash(pytest_samples: int, seed: int = 3) -> Models:
+    """A tool whose calls take milliseconds (400 ``ls``/``cat``/``grep``, 20 ``find``) and
+    one invocation, ``pytest``, of ``pytest_samples`` calls around 9 s."""
+    models = get_policy("cachettl").new_models(min_samples=100)
+    rng = np.random.default_rng(seed)
+    words = ["ls", "cat", "grep"] * 134 + ["find"] * 20
+    fast = rng.lognormal(-3.0, 0.5, 420)
+    calls = [(f"{w} x", float(d)) for w, d in zip(words, fast, strict=False)]
+    slow = rng.lognormal(math.log(9.0), 0.3, pytest_samples)
+    calls += [("pytest -x", float(d)) for d in slow]
+    for i in rng.permutation(len(calls)):
+        models.record_tool_call("bash", *calls[i])
+    return models
+
+
+def test_an_invocation_whose_samples_contradict_its_tool_does_not_get_its_ttl() -> None:
+    # The demo's case: pytest with 39 samples (p50 9 s), below K = 100, under bash whose
+    # TTL is a fraction of a second. Its own samples decide: pinning for ~9 s pays when a
+    # re-prefill costs 20 s; bash's TTL would miss almost every return.
+    models = _pytest_under_bash(39)
+    facts = RequestFacts(tool="bash", tool_args="pytest tests", reload_cost_s=20.0)
+    plain = get_policy("cachettl", contradiction_alpha=0.0).decide(facts, models)
+    assert plain.basis == "tool"
+    assert plain.ttl_s < 1.0
+    own = get_policy("cachettl").decide(facts, models)
+    assert own.basis == "invocation"
+    pytest_model = models.durations.model(Level.INVOCATION, "bash", "pytest tests")
+    assert pytest_model is not None
+    assert own.ttl_s >= pytest_model.quantile(0.5)
+    # A thin invocation alike its tool (20 fast `find`s) keeps backing off to the tool.
+    find = RequestFacts(tool="bash", tool_args="find .", reload_cost_s=20.0)
+    assert get_policy("cachettl").decide(find, models).basis == "tool"
+
+
+def test_too_few_samples_cannot_contradict_their_tool() -> None:
+    models = _pytest_under_bash(MIN_CONTRADICTING_SAMPLES - 1)
+    facts = RequestFacts(tool="bash", tool_args="pytest tests", reload_cost_s=20.0)
+    assert get_policy("cachettl").decide(facts, models).basis == "tool"
+    with pytest.raises(ValueError, match="contradiction_alpha must be < 1"):
+        get_policy("cachettl", contradiction_alpha=1.0)
 
 
 def test_blending_changes_nothing_once_a_level_has_enough_samples() -> None:

@@ -179,6 +179,11 @@ def test_engine_config_validation():
         "cachettl",
         "oracle",
         "static-ttl",
+        "thunderagent",
+        "llmd-fairness",
+        "sglang-session",
+        "cachettl(ordering=pinned-las)",
+        "cachettl(admission=thunderagent)",
     ],
 )
 @pytest.mark.parametrize("cpu", [0, 100_000])

@@ -122,7 +122,9 @@ def test_policy_specs_with_parameters():
     assert capped.rules.ttl_cap_s == 30.0
     assert capped.rules.budget_share == 0.25
     assert get_scheduling_policy("cachettl").rules == SchedulingRules()
-    with pytest.raises(ValueError, match="no parameter 'foo'; valid: budget_share, min_samples"):
+    with pytest.raises(
+        ValueError, match="no parameter 'foo'; valid: admission, admission_interval_s, budget_share"
+    ):
         get_scheduling_policy("continuum(foo=1)")
     with pytest.raises(ValueError, match="policy 'continuum': victim must be one of: latest"):
         get_scheduling_policy("continuum(victim=random)")
