@@ -38,7 +38,7 @@ __all__ = ["ControlPlane"]
 READ_BATCH = 5000
 #: How long learning, inspection or a snapshot holds the model lock at a time (one row
 #: or model more at most); decisions wait at most about this long.
-LOCK_SLICE_S = 0.002
+LOCK_SLICE_S = 0.0005
 #: How long an authenticated token is trusted before the store is asked again (so a
 #: revocation takes effect within this many seconds).
 AUTH_CACHE_S = 2.0

@@ -33,7 +33,7 @@ _RELEASED = (PinOutcome.EXPIRED, PinOutcome.RELEASED_UNDER_PRESSURE, PinOutcome.
 #: Layout of the state; a snapshot of another layout is not reused (the log is replayed).
 FORMAT = 2
 #: How long pickling holds the owner's lock at a time (one model more at most).
-LOCK_SLICE_S = 0.002
+LOCK_SLICE_S = 0.0005
 T = TypeVar("T")
 
 
