@@ -167,6 +167,10 @@ class PinController(Generic[H]):
     def order_window_s(self) -> float:
         return self._window
 
+    @property
+    def first_turn_head_start_s(self) -> float:
+        return self.rules.first_turn_head_start_s
+
     # -- what orderings ask ----------------------------------------------------------------
     def pinned(self, program_id: str | None) -> bool:
         return program_id is not None and program_id in self.pins

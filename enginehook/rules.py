@@ -8,7 +8,7 @@ ordering strategies are chosen by name from two registries (:data:`VICTIMS`,
 
 >>> rules = SchedulingRules()
 >>> rules.in_force(cpu_tier=False), rules.in_force(cpu_tier=True)
-((<PressureRule.RUNNING: 'running'>, 0.0), (<PressureRule.ALWAYS: 'always'>, 5.0))
+((<PressureRule.RUNNING: 'running'>, 0.0), (<PressureRule.ALWAYS: 'always'>, 0.0))
 >>> SchedulingRules.parse({"victim": "latest-arrival", "ttl_cap_s": "30"}).ttl_cap_s
 30.0
 >>> SchedulingRules(victim="newest")
@@ -108,6 +108,8 @@ class OrderContext(Protocol):
     def attained_tokens(self, program_id: str | None) -> float: ...
     @property
     def order_window_s(self) -> float: ...
+    @property
+    def first_turn_head_start_s(self) -> float: ...
 
 
 #: ``(context, priority, preempted, program id, arrival, request id) -> sort key``
@@ -151,11 +153,15 @@ def _program(
     ctx: OrderContext, priority: int, preempted: bool, program: str | None, t: float, rid: str
 ) -> tuple[Any, ...]:
     """The paper's: preempted, then programs holding a live pin, then program arrival
-    (with a returning turn's head start bounded by ``order_window_s`` when > 0)."""
+    (with a returning turn's head start bounded by ``order_window_s`` when > 0, and a new
+    program's first turn ordered ``first_turn_head_start_s`` before its arrival)."""
     first = ctx.first_arrival(program, t)
     window = ctx.order_window_s
     if window > 0:
         first = max(first, t - window)
+    head = ctx.first_turn_head_start_s
+    if head > 0 and ctx.attained_tokens(program) == 0:  # nothing served yet: a new program
+        first -= head
     return (priority, 0 if preempted else 1, 0 if ctx.pinned(program) else 1, first, t, rid)
 
 
@@ -257,8 +263,15 @@ class SchedulingRules:
         },
     )
     tier_order_window_s: float | None = field(
-        default=5.0,
+        default=None,
         metadata={"help": "order_window_s while a CPU tier is on (unset: order_window_s)"},
+    )
+    first_turn_head_start_s: float = field(
+        default=math.inf,
+        metadata={
+            "help": "the program ordering places a new program's first turn as if the program "
+            "had arrived this much earlier (inf: before every returning turn; 0: the paper)"
+        },
     )
     budget_share: float = field(
         default=1.0, metadata={"help": "share of the KV pool pins may hold at once"}
@@ -299,6 +312,8 @@ class SchedulingRules:
             window = _check_seconds("tier_order_window_s", self.tier_order_window_s)
             set_(self, "tier_order_window_s", window)
         set_(self, "ttl_cap_s", _check_seconds("ttl_cap_s", self.ttl_cap_s, finite=False))
+        head = _check_seconds("first_turn_head_start_s", self.first_turn_head_start_s, finite=False)
+        set_(self, "first_turn_head_start_s", head)
         share = self.budget_share
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
             raise ValueError(f"budget_share must be in [0, 1], got {share!r}")

@@ -87,10 +87,11 @@ def register(
     show.set_defaults(handler=_stats)
 
     from simulator import bench as bench_module
-    from simulator import demo, fidelity, study
+    from simulator import demo, fidelity, frontier, study
 
     bench_module.register(bench)
     study.register(bench)
+    frontier.register(bench)
     fidelity.register(bench)
     demo.register(commands)
 

@@ -25,7 +25,15 @@ from simulator.report import run_policies
 from simulator.trace import Program, redraw_arrivals
 from simulator.workloads import generate
 
-__all__ = ["UNLIMITED_KV", "WORKLOADS", "Study", "cachettl_spec", "register", "variants"]
+__all__ = [
+    "PEERS",
+    "UNLIMITED_KV",
+    "WORKLOADS",
+    "Study",
+    "cachettl_spec",
+    "register",
+    "variants",
+]
 
 HARDWARE = "llama3.1-8b-h100"
 
@@ -34,6 +42,8 @@ HARDWARE = "llama3.1-8b-h100"
 #: policy can beat it by more than what a different waiting-queue order buys.
 UNLIMITED_KV = "vllm, unlimited KV"
 _UNLIMITED_KV_TOKENS = 1 << 34
+#: The 2026 peers (simulator/policies/peers.py), in every table.
+PEERS = ("thunderagent", "llmd-fairness", "sglang-session")
 
 
 def cachettl_spec(settings: dict[str, Any]) -> str:
@@ -53,7 +63,7 @@ def variants(share: bool = False) -> list[tuple[str, str]]:
     """``(label, policy spec)``: baselines, the paper as ``cachettl``, each improvement
     alone, all together, and the defaults. Shared priors only where ``share`` (a
     multi-tenant workload)."""
-    rows = [("vllm", "vllm"), ("continuum", "continuum")]
+    rows = [("vllm", "vllm"), ("continuum", "continuum"), *((p, p) for p in PEERS)]
     rows.append(("paper as cachettl (all off)", cachettl_spec(BASE)))
     together = dict(BASE)
     for label, on in IMPROVEMENTS.items():
@@ -261,7 +271,7 @@ def _ablation(args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {}
     for name in names:
         if extra:
-            base = ["vllm", "continuum", "oracle"]
+            base = ["vllm", "continuum", "oracle", *PEERS]
             rows = [(s, s) for s in dict.fromkeys([*base, *extra])]
             rows.append((f"{UNLIMITED_KV} (no eviction)", UNLIMITED_KV))
         else:

@@ -21,13 +21,18 @@ budget_share        share of the pool pins may hold                             
 victim              ``lowest-loss`` (waiting programs last)                      latest
 pressure            ``running``: release pins only for running work              always
 order_window_s      bound on a returning turn's program-order head start         0
+new first           ``first_turn_head_start_s``: a new program's first turn is   0
+                    ordered this long before its arrival (inf: before every
+                    returning turn, after preempted and pinned ones)
 tier_pressure       ``pressure`` where a CPU tier exists (a miss is a reload)    always
 tier_order_window_s ``order_window_s`` where a CPU tier exists                   0
 ==================  ===========================================================  =========
 
-With a CPU tier a lost pin costs a reload, not a prefill, and keeping returning programs
-first mostly moves the queue onto new arrivals; the tier settings replace ``pressure`` and
-``order_window_s`` there (simulator/README.md, "With a CPU tier"). The rule switches are
+With a CPU tier a lost pin costs a reload, not a prefill; the tier settings replace
+``pressure`` and ``order_window_s`` there (simulator/README.md, "With a CPU tier"). The
+paper's program order alone makes new programs wait behind every returning turn; with new
+programs' first turns first it keeps its gain without starving them, with or without a
+tier (simulator/README.md, "New programs first"). The rule switches are
 :class:`enginehook.rules.SchedulingRules` fields, whose defaults are ``cachettl``'s.
 """
 
@@ -129,6 +134,7 @@ IMPROVEMENTS: dict[str, dict[str, Any]] = {
     "lowest-loss victims": {"victim": RULES.victim},
     "running-only pressure": {"pressure": RULES.pressure},
     "order window 30 s": {"order_window_s": 30.0},
+    "new programs first": {"first_turn_head_start_s": RULES.first_turn_head_start_s},
 }
 
 _MIN_SAMPLES = PinningPolicy.PARAMS["min_samples"]

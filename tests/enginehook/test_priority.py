@@ -20,6 +20,7 @@ class Ctx:
     pinned_programs: set[str]
     arrivals: ProgramArrivals
     order_window_s: float = 0.0
+    first_turn_head_start_s: float = 0.0  # the paper's order: no head start for new programs
 
     def pinned(self, program_id: str | None) -> bool:
         return program_id in self.pinned_programs

@@ -102,7 +102,7 @@ def test_every_rule_has_help_and_parses_from_text() -> None:
     assert rules.pressure is PressureRule.ALWAYS
     assert rules.tier_pressure is None
     assert math.isinf(rules.ttl_cap_s)
-    assert rules.in_force(cpu_tier=True) == (PressureRule.ALWAYS, 5.0)
+    assert rules.in_force(cpu_tier=True) == (PressureRule.ALWAYS, 0.0)
     with pytest.raises(ValueError, match="unknown scheduling rule 'cap'; valid: pressure"):
         SchedulingRules.parse({"cap": 1})
     with pytest.raises(
@@ -225,7 +225,7 @@ def test_running_pressure_rule_and_the_load_signals() -> None:
 
 def test_orderings_are_registered_and_priority_comes_first() -> None:
     assert {"fcfs", "program", "program-fcfs", "pinned-program", "plas"} <= set(ORDERINGS)
-    controller, _ = _controller(SchedulingRules())
+    controller, _ = _controller(SchedulingRules(first_turn_head_start_s=0.0))  # the paper's
     controller.arrived("old", 0.0, 0.0)
     controller.arrived("new", 5.0, 5.0)
     keys = {
@@ -234,3 +234,10 @@ def test_orderings_are_registered_and_priority_comes_first() -> None:
         "urgent": controller.order_key(-1, False, "new", 6.0, "new-2"),
     }
     assert sorted(keys, key=keys.__getitem__) == ["urgent", "old", "new"]
+    # The default: a new program's first turn goes before a returning (unpinned) turn.
+    controller, _ = _controller(SchedulingRules())
+    controller.arrived("old", 0.0, 0.0)
+    controller.finished(FinishedTurn("old", None, last_turn=False), 1.0, lambda: (0, ""))
+    controller.arrived("new", 5.0, 5.0)
+    returning = controller.order_key(0, False, "old", 9.0, "old-2")
+    assert controller.order_key(0, False, "new", 5.0, "new-1") < returning

@@ -95,3 +95,25 @@ def test_thunderagent_holds_a_program_that_does_not_fit_until_memory_frees():
     assert sim.controller.admission is not None
     assert sim.controller.admission.pauses == 1
     assert sim.controller.admission.resumes == 1
+
+
+def test_a_head_start_puts_new_programs_first_turns_ahead_of_returning_turns():
+    def order(spec: str) -> list[str]:
+        sim = Simulation([], get_scheduling_policy(spec), HW)
+        old, new, pinned = _request("old", 1.0), _request("new", 50.0), _request("pin", 2.0)
+        old.program_arrival = 0.0
+        sim.controller.arrived("old", 0.0, 0.0)
+        sim.controller.arrived("pin", 0.5, 0.5)
+        sim.controller.arrived("new", 50.0, 50.0)
+        _finish(sim, "old", 1_000, 10)  # old and pin have been served: returning turns
+        _finish(sim, "pin", 1_000, 10)
+        sim.pins.pin("pin", 1, 0.0, 60.0, handle=1)
+        preempted = _request("pre", 60.0, preempted=True)
+        sim.controller.arrived("pre", 60.0, 60.0)
+        queue = [old, new, pinned, preempted]
+        return [r.program_id for r in sorted(queue, key=sim._key)]
+
+    assert order("cachettl(first_turn_head_start_s=0)") == ["pre", "pin", "old", "new"]
+    assert order("cachettl(first_turn_head_start_s=30)") == ["pre", "pin", "old", "new"]
+    assert order("cachettl(first_turn_head_start_s=60)") == ["pre", "pin", "new", "old"]
+    assert order("cachettl(first_turn_head_start_s=inf)") == ["pre", "pin", "new", "old"]

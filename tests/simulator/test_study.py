@@ -122,7 +122,14 @@ def test_robustness_workloads_change_only_durations() -> None:
 
 def test_variants_cover_each_improvement_and_all() -> None:
     labels = [label for label, _ in variants()]
-    assert labels[:3] == ["vllm", "continuum", "paper as cachettl (all off)"]
+    assert labels[:6] == [
+        "vllm",
+        "continuum",
+        "thunderagent",
+        "llmd-fairness",
+        "sglang-session",
+        "paper as cachettl (all off)",
+    ]
     assert "+ shared priors" not in labels
     assert "+ shared priors" in dict(variants(True))
     assert {"all together", "cachettl (defaults)", "oracle"} <= set(labels)
@@ -149,6 +156,7 @@ def test_bench_ablation_command(tmp_path, capsys) -> None:
     assert code == 0
     data = json.loads(out.with_suffix(".json").read_text())
     rows = {"vllm", "continuum", "oracle", "cachettl(drift=0)", f"{UNLIMITED_KV} (no eviction)"}
+    rows |= {"thunderagent", "llmd-fairness", "sglang-session"}  # the peers, in every table
     assert set(data["swe"]["rows"]) == rows
     assert "| cachettl(drift=0) |" in out.with_suffix(".md").read_text()
     assert main(["bench", "ablation", "--workloads", "nope"]) == 2

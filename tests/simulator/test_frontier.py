@@ -1,0 +1,38 @@
+"""``cachettl bench frontier``: points, the swept curve, covered peers, the files."""
+
+from __future__ import annotations
+
+import json
+
+from controlplane.cli import main
+from simulator.frontier import covered
+
+
+def test_a_point_is_covered_only_by_a_curve_point_at_or_below_it_on_both_axes() -> None:
+    curve = [(0.5, 120.0), (3.0, 80.0)]
+    assert covered((3.0, 80.0), curve)  # equal counts
+    assert covered((1.0, 150.0), curve)
+    assert not covered((1.0, 100.0), curve)  # lower wait only at a higher JCT
+    assert not covered((0.1, 500.0), curve)
+
+
+def test_bench_frontier_command(tmp_path, capsys) -> None:
+    out = tmp_path / "front"
+    code = main(
+        [
+            "bench", "frontier", "--workloads", "swe", "--programs", "12", "--seeds", "0",
+            "--loads", "1", "--policy", "vllm,thunderagent", "--values", "0,inf",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    results = data["panels"]["swe 1×"]["results"]
+    curve = ["cachettl(first_turn_head_start_s=0)", "cachettl(first_turn_head_start_s=inf)"]
+    assert set(results) == {"vllm", "thunderagent", *curve}
+    text = out.with_suffix(".md").read_text()
+    assert "| thunderagent |" in text
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert main(["bench", "frontier", "--knob", "nope"]) == 2
+    assert "--knob must be a rule" in capsys.readouterr().err
+    assert main(["bench", "frontier", "--values", "x"]) == 2
