@@ -3,8 +3,13 @@
 The hook overrides narrow scheduler hooks and relies on block reference counts and queue
 methods of vLLM's v1 core (listed below). On another version those may have moved; the
 engine then fails at start-up with a message naming the tested versions rather than
-corrupting the KV cache. Hybrid, sliding-window and other non-full-attention KV layouts
-keep null or state blocks that the pin table does not handle, and are refused too.
+corrupting the KV cache.
+
+What the hook cannot use does not stop the engine: without prefix caching a pin could
+never be hit, and hybrid, sliding-window and other non-full-attention KV layouts keep null
+or state blocks the pin table does not handle. :func:`passthrough_reason` names such a
+case; the hook then passes through (vLLM's own scheduling, no pins), logs one warning and
+sets the ``cachettl_passthrough`` metric.
 """
 
 from __future__ import annotations
@@ -12,7 +17,15 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-__all__ = ["TESTED_VERSIONS", "check_engine", "check_kv_layout", "check_vllm", "compat_problems"]
+__all__ = [
+    "TESTED_VERSIONS",
+    "check_engine",
+    "check_kv_layout",
+    "check_vllm",
+    "compat_problems",
+    "kv_layout_problem",
+    "passthrough_reason",
+]
 
 #: vLLM versions whose internals the hook was verified against.
 TESTED_VERSIONS = ("0.32.0",)
@@ -89,37 +102,57 @@ def check_vllm(version: str | None = None) -> None:
         )
 
 
-def check_kv_layout(kv_cache_config: Any) -> None:
-    """Raise ``RuntimeError`` unless the model has one full-attention KV cache group."""
+def kv_layout_problem(kv_cache_config: Any) -> str | None:
+    """Why the hook cannot pin this KV layout (``None``: one full-attention group)."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     groups = list(kv_cache_config.kv_cache_groups)
     if len(groups) != 1:
-        raise RuntimeError(
+        return (
             f"CacheTTL engine hook supports one full-attention KV cache group; this model has "
             f"{len(groups)} (hybrid layouts are not supported)"
         )
     spec = groups[0].kv_cache_spec
     if type(spec) is not FullAttentionSpec or getattr(spec, "sliding_window", None) is not None:
-        raise RuntimeError(
+        return (
             f"CacheTTL engine hook supports full attention only; this model's KV layout is "
             f"{type(spec).__name__} (sliding-window and state layouts are not supported)"
         )
+    return None
 
 
-def check_engine(scheduler: Any, enabled: bool) -> None:
-    """Everything the hook needs of the engine ``scheduler`` runs in: a tested vLLM, a
-    full-attention KV layout, the scheduler flavour that matches async scheduling, and
-    prefix caching (when the hook is ``enabled``)."""
+def check_kv_layout(kv_cache_config: Any) -> None:
+    """Raise ``RuntimeError`` unless the model has one full-attention KV cache group."""
+    problem = kv_layout_problem(kv_cache_config)
+    if problem is not None:
+        raise RuntimeError(problem)
+
+
+def passthrough_reason(scheduler: Any) -> tuple[str, str] | None:
+    """``(metric reason, message)`` when the hook must pass through on this engine
+    (no prefix caching, a KV layout it cannot pin), else ``None``."""
+    if not scheduler.cache_config.enable_prefix_caching:
+        return (
+            "no_prefix_caching",
+            "prefix caching is off, so a pinned prefix could never be hit; pass "
+            "--enable-prefix-caching to pin",
+        )
+    problem = kv_layout_problem(scheduler.kv_cache_config)
+    if problem is not None:
+        return "kv_layout", problem
+    return None
+
+
+def check_engine(scheduler: Any) -> None:
+    """What the hook cannot run without (raises ``RuntimeError``): a tested vLLM whose
+    internals are the expected ones, and the scheduler flavour that matches async
+    scheduling."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
     check_vllm()
-    check_kv_layout(scheduler.kv_cache_config)
     config = scheduler.vllm_config
     if config.scheduler_config.async_scheduling and not isinstance(scheduler, AsyncScheduler):
         raise RuntimeError(
             "async scheduling is on: use enginehook.scheduler.CacheTTLAsyncScheduler "
             "(or pass --no-async-scheduling)"
         )
-    if enabled and not scheduler.cache_config.enable_prefix_caching:
-        raise RuntimeError("CacheTTL needs prefix caching: pass --enable-prefix-caching")

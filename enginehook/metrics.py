@@ -41,12 +41,18 @@ class HookMetrics:
         self.vllm_schedule_seconds = 0.0
         self.cpu_tier = False
         self.cpu_tier_connectors = ""
+        self.passthrough = ""
 
     def set_cpu_tier(self, on: bool, connectors: str = "") -> None:
         """Whether TTL decisions price a miss as a reload from a CPU tier, and the KV
         connector(s) that keep it (comma-separated; empty when none was detected)."""
         with self._lock:
             self.cpu_tier, self.cpu_tier_connectors = on, connectors
+
+    def set_passthrough(self, reason: str) -> None:
+        """The hook passes through on this engine for ``reason`` (e.g. ``no_prefix_caching``)."""
+        with self._lock:
+            self.passthrough = reason
 
     def set_gauges(self, *, pins: int, blocks: int) -> None:
         """Current pins held and blocks they hold."""
@@ -105,6 +111,7 @@ class HookMetrics:
                 "vllm_schedule_s": self.vllm_schedule_seconds,
                 "cpu_tier": self.cpu_tier,
                 "cpu_tier_connectors": self.cpu_tier_connectors,
+                "passthrough": self.passthrough,
                 "hook_us_per_schedule": (
                     1e6 * self.hook_seconds / self.schedule_calls if self.schedule_calls else 0.0
                 ),
@@ -137,6 +144,11 @@ class HookMetrics:
             "# TYPE cachettl_cpu_tier gauge",
             f'cachettl_cpu_tier{{connector="{s["cpu_tier_connectors"]}"}} {int(s["cpu_tier"])}',
         ]
+        if s["passthrough"]:
+            lines += [
+                "# TYPE cachettl_passthrough gauge",
+                f'cachettl_passthrough{{reason="{s["passthrough"]}"}} 1',
+            ]
         return "\n".join(lines) + "\n"
 
 

@@ -40,7 +40,13 @@ _MAX_DECODE_TOKENS = 2048
 
 
 class ProgramRequestQueue(RequestQueue):
-    """vLLM's ``RequestQueue`` over :class:`SortedWaitQueue` (the controller's order)."""
+    """vLLM's ``RequestQueue`` over :class:`SortedWaitQueue` (the controller's order).
+
+    It keeps the contract of vLLM's FCFS deque where vLLM or a plugin relies on it:
+    ``prepend_requests`` puts the requests in front in reverse order (``extendleft``,
+    vLLM collects skipped requests with ``appendleft`` for that), and ``queue[i]`` is the
+    i-th request in queue order.
+    """
 
     def __init__(self, key: Callable[[Request], Any]) -> None:
         self._queue: SortedWaitQueue[Request] = SortedWaitQueue(key)
@@ -73,7 +79,7 @@ class ProgramRequestQueue(RequestQueue):
         self._queue.prepend(request)
 
     def prepend_requests(self, requests: Iterable[Request]) -> None:
-        self._queue.extend_front(requests)
+        self._queue.extend_front(reversed(list(requests)))
 
     def remove_request(self, request: Request) -> None:
         self._queue.remove(request)
@@ -89,6 +95,10 @@ class ProgramRequestQueue(RequestQueue):
 
     def __iter__(self) -> Iterator[Request]:
         return iter(self._queue)
+
+    def __getitem__(self, index: int) -> Request:
+        """The ``index``-th request in queue order (a sorted copy: O(n) per call)."""
+        return list(self._queue)[index]
 
 
 class ToolCallText:

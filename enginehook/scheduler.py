@@ -20,6 +20,7 @@ vLLM's narrow hooks to it:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,7 +30,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from enginehook.compat import check_engine
+from enginehook.compat import check_engine, passthrough_reason
 from enginehook.config import HookConfig
 from enginehook.lifecycle import PinController
 from enginehook.pins import Pin, ReleaseReason
@@ -48,6 +49,8 @@ __all__ = ["CacheTTLAsyncScheduler", "CacheTTLMixin", "CacheTTLScheduler", "Prog
 _PINNABLE = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 _HOUSEKEEPING_S = 10.0
 _MIN_PREFILL_TOKENS = 64
+
+logger = logging.getLogger("enginehook")
 
 
 class CacheTTLMixin:
@@ -68,12 +71,18 @@ class CacheTTLMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cachettl = config = HookConfig.from_additional(self.vllm_config.additional_config)
-        check_engine(self, config.enabled)
+        check_engine(self)
+        passthrough = self._passthrough() if config.enabled else None
+        #: Whether the hook pins and orders (off: disabled, or passing through).
+        self.active = config.enabled and passthrough is None
         self.clock: Callable[[], float] = time.time
         self._pool = self.kv_cache_manager.block_pool
         self.services = HookServices(config, self.vllm_config)
         self.metrics, self.decider = self.services.metrics, self.services.decider
         self.emit = self.services.emit
+        if passthrough is not None:
+            logger.warning("CacheTTL passes through (vLLM's own scheduling): %s", passthrough[1])
+            self.metrics.set_passthrough(passthrough[0])
         self.controller: PinController[list[Any]] = PinController(
             config.rules,
             self,
@@ -87,10 +96,15 @@ class CacheTTLMixin:
         self._priority = self.vllm_config.scheduler_config.policy == "priority"
         self._next_housekeeping = 0.0
         self._step: tuple[float, int] | None = None
-        if config.enabled and config.rules.ordering != "fcfs":
+        if self.active and config.rules.ordering != "fcfs":
             self.waiting = ProgramRequestQueue(self._key)
         self._allocate = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_with_pressure
+
+    def _passthrough(self) -> tuple[str, str] | None:
+        """Why the hook passes through on this engine (``(metric reason, message)``), or
+        ``None``: see :func:`enginehook.compat.passthrough_reason`."""
+        return passthrough_reason(self)
 
     def _key(self, r: Request) -> tuple[object, ...]:
         priority = r.priority if self._priority else 0
@@ -123,13 +137,13 @@ class CacheTTLMixin:
     # -- vLLM's hooks ------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         setattr(request, HINTS_ATTR, read_hints(request))
-        if request.session_id and self.cachettl.enabled:
+        if request.session_id and self.active:
             now, tenant = self.clock(), self.cachettl.tenant
             self.controller.arrived(request.session_id, request.arrival_time, now, tenant)
         super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
-        if not self.cachettl.enabled:
+        if not self.active:
             return super().schedule(*args, **kwargs)  # type: ignore[misc,no-any-return]
         started, now = time.perf_counter(), self.clock()
         self.controller.expire(now)
@@ -169,7 +183,7 @@ class CacheTTLMixin:
         return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
 
     def _free_blocks(self, request: Request) -> None:
-        if not (self.cachettl.enabled and request.session_id and request.status in _PINNABLE):
+        if not (self.active and request.session_id and request.status in _PINNABLE):
             super()._free_blocks(request)  # type: ignore[misc]
             return
         now = self.clock()
