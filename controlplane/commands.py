@@ -94,6 +94,9 @@ def _register_serve(commands: _SubParsers) -> None:
         help="hardware/model profile of the cost model (estimator.PROFILES)",
     )
     p.add_argument("--max-concurrent-rpcs", type=int, default=256)
+    from controlplane.server import add_admission_flags
+
+    add_admission_flags(p)  # per tenant, per peer, streams, auth cache (README "Limits")
     p.add_argument("--max-duration", type=float, default=86400.0, help="seconds")
     _add_name_limits(p)
     p.add_argument("--tail-interval", type=float, default=0.5, help="seconds")
@@ -115,7 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from controlplane.learning import NameLimits
     from controlplane.records import Limits
-    from controlplane.server import ServerOptions, TlsFiles, serve
+    from controlplane.server import ServerOptions, TlsFiles, admission_from_args, serve
     from controlplane.service import ControlPlane
     from controlplane.store import create_store
 
@@ -135,6 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin set-up chatter
     limits = NameLimits(args.max_tools_per_tenant, args.max_signatures_per_tenant)
+    budgets, auth = admission_from_args(args)
     store = create_store(_db(args))
     plane = ControlPlane(
         store,
@@ -152,6 +156,8 @@ def _serve(args: argparse.Namespace) -> int:
         limits=Limits(max_duration_s=args.max_duration),
         tls=tls,
         metrics_listen=args.metrics,
+        budgets=budgets,
+        auth=auth,
     )
     try:
         asyncio.run(serve(plane, options))

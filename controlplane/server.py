@@ -9,12 +9,14 @@ read), and writes a model snapshot every ``snapshot_interval_s`` when the models
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
 import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -76,6 +78,46 @@ class ServerOptions:
     limits: Limits = field(default_factory=lambda: LIMITS)
     tls: TlsFiles | None = None
     metrics_listen: str | None = None
+
+
+#: ``cachettl serve`` flags of the admission limits: (flag, Budgets/AuthOptions field,
+#: type, help).
+_ADMISSION_FLAGS: tuple[tuple[str, str, type, str], ...] = (
+    ("--max-rpcs-per-tenant", "calls_per_tenant", int, "unary calls in flight per tenant"),
+    ("--max-rpcs-per-peer", "calls_per_peer", int, "unary calls in flight per client address"),
+    ("--max-streams", "streams_total", int, "WatchSnapshots streams open, server-wide"),
+    ("--max-streams-per-tenant", "streams_per_tenant", int, "streams open per tenant"),
+    ("--max-streams-per-peer", "streams_per_peer", int, "streams open per client address"),
+    ("--message-timeout", "message_timeout_s", float, "seconds from headers to message"),
+    ("--auth-fresh", "fresh_s", float, "seconds a token lookup is trusted as is"),
+    (
+        "--auth-stale",
+        "stale_s",
+        float,
+        "seconds a known token is still served from memory when the database is down",
+    ),
+)
+
+
+def add_admission_flags(parser: argparse.ArgumentParser) -> None:
+    """The admission limits of controlplane/README.md ("Limits") as ``serve`` flags."""
+    budgets, auth = Budgets(), AuthOptions()
+    for flag, name, kind, what in _ADMISSION_FLAGS:
+        default = getattr(budgets if hasattr(budgets, name) else auth, name)
+        parser.add_argument(flag, type=kind, default=default, help=f"{what} (%(default)s)")
+
+
+def admission_from_args(args: argparse.Namespace) -> tuple[Budgets, AuthOptions]:
+    """``Budgets`` and ``AuthOptions`` of the flags; ValueError naming a bad flag."""
+    values: dict[str, dict[str, Any]] = {"budgets": {}, "auth": {}}
+    for flag, name, _, _ in _ADMISSION_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if not value > 0:
+            raise ValueError(f"{flag} must be > 0, got {value!r}")
+        values["budgets" if hasattr(Budgets, name) else "auth"][name] = value
+    if values["auth"]["fresh_s"] > values["auth"]["stale_s"]:
+        raise ValueError("--auth-fresh must be at most --auth-stale")
+    return Budgets(**values["budgets"]), AuthOptions(**values["auth"])
 
 
 _FILES = (events_pb2.DESCRIPTOR, ttl_pb2.DESCRIPTOR, inspect_pb2.DESCRIPTOR, model_pb2.DESCRIPTOR)

@@ -4,6 +4,8 @@ tokens, clusters of watchers, revocation of open streams (SQLite and PostgreSQL)
 from __future__ import annotations
 
 import secrets
+import subprocess
+import sys
 import time
 
 import grpc
@@ -183,3 +185,17 @@ def test_revocation_ends_open_streams(store: Store) -> None:
         assert error.value.code() is grpc.StatusCode.PERMISSION_DENIED
         assert "tenant 'leaver' was revoked" in str(error.value.details())
         assert time.monotonic() - revoked < 5.0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-streams-per-tenant", "0"], "--max-streams-per-tenant must be > 0, got 0"),
+        (["--auth-fresh", "10", "--auth-stale", "5"], "--auth-fresh must be at most --auth-stale"),
+    ],
+)
+def test_serve_refuses_bad_limits_naming_the_flag(flags: list[str], message: str) -> None:
+    command = [sys.executable, "-m", "controlplane", "serve", "--db", "memory://", *flags]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert message in done.stderr
