@@ -278,6 +278,10 @@ class ControlPlane:
         event loop."""
         return self._payloads.build(self.state, self._lock, tenant.name, tenant.share)
 
+    def forget_snapshots(self, tenant: Tenant) -> None:
+        """Drop what ``snapshot_payload`` keeps for ``tenant`` (its last stream ended)."""
+        self._payloads.forget(tenant.name)
+
 
 def _load_snapshot(payload: bytes) -> ModelState | None:
     """A stored snapshot, or None (logged) if it cannot be read: the log is replayed."""

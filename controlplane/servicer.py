@@ -388,6 +388,8 @@ class Servicer:
         finally:
             if self.gate.streams_of(tenant.name) <= 1:  # the tenant's last stream
                 self._latest.pop(tenant.name, None)
+                if tenant.name not in self._builds:
+                    self.plane.forget_snapshots(tenant)
 
     async def _snapshot(self, tenant: Tenant) -> tuple[int, bytes]:
         """The tenant's latest serialized snapshot; one build at a time per tenant, in a
