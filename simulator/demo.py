@@ -30,7 +30,7 @@ from simulator.policies import Cachettl
 
 __all__ = ["RemotePolicy", "register", "running_control_plane"]
 
-BASELINES = "vllm,autellix,continuum-preview,continuum"
+BASELINES = "vllm,autellix,continuum-preview,continuum,thunderagent,llmd-fairness,sglang-session"
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
