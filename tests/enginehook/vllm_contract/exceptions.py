@@ -13,33 +13,9 @@ import re
 
 __all__ = ["EXCEPTIONS", "exception_for"]
 
-_FREE_AFTER_FINISH = (
-    "asserts the pool's free-block count right after a request finished, inline in the "
-    "test body; with every finished request pinned for 30 s its hashed blocks are held on "
-    "purpose (the count is short by exactly the pinned blocks). The same test passes in "
-    "the defaults and active modes; the block-pool audit after it (pins released) finds "
-    "no leak"
-)
-_FREE_COUNT = r"assert \d+ == .*\n.*get_num_free_blocks|assert \d+ == \(\d+ - 1\)"
-
-#: ``test id or prefix*`` -> (modes, failure message pattern, reason)
-EXCEPTIONS: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "tests/v1/core/test_scheduler.py::test_kv_connector_basic[*": (
-        ("pins",),
-        _FREE_COUNT,
-        _FREE_AFTER_FINISH,
-    ),
-    "tests/v1/core/test_scheduler.py::test_kv_connector_unable_to_allocate[*": (
-        ("pins",),
-        _FREE_COUNT,
-        _FREE_AFTER_FINISH,
-    ),
-    "tests/v1/core/test_scheduler.py::test_kv_connector_handles_preemption[*": (
-        ("pins",),
-        _FREE_COUNT,
-        _FREE_AFTER_FINISH,
-    ),
-}
+#: ``test id or prefix*`` -> (modes, failure message pattern, reason). Empty: vLLM's free-
+#: block counts right after a finish are made pin-aware instead (``pinaware.PIN_AWARE``).
+EXCEPTIONS: dict[str, tuple[tuple[str, ...], str, str]] = {}
 
 
 def exception_for(test_id: str, mode: str, message: str = "") -> str | None:

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.enginehook.vllm_contract.exceptions import exception_for
+from tests.enginehook.vllm_contract.overlay import build_overlay
+from tests.enginehook.vllm_contract.pinaware import pin_aware_copy
 
 __all__ = ["FILES", "Result", "default_source", "run"]
 
@@ -52,7 +54,7 @@ FILES: dict[str, int] = {
     "tests/v1/kv_connector/unit/test_kv_connector_lifecycle.py": 3,
 }
 #: Tests :data:`FILES` collect per vLLM version (a collection failure must not pass unseen).
-EXPECTED_TESTS = {"0.32.0": 684}
+EXPECTED_TESTS = {"0.32.0": 684, "0.33.0": 862}
 #: Hub models the tests name, redirected to the tiny local Llama.
 REDIRECTED = ("facebook/opt-125m", "facebook/opt-350m", "hmellor/tiny-random-LlamaForCausalLM")
 _PLUGIN_DIR = Path(__file__).resolve().parent
@@ -133,12 +135,13 @@ class Result:
         }
 
 
-def _env(mode: str, report: Path, redirect: Path) -> dict[str, str]:
+def _env(mode: str, report: Path, redirect: Path, overlay: Path | None) -> dict[str, str]:
     env = dict(os.environ)
+    path = [str(overlay)] if overlay is not None else []
     env.update(
         CACHETTL_CONTRACT_MODE=mode,
         CACHETTL_CONTRACT_REPORT=str(report),
-        PYTHONPATH=str(_PLUGIN_DIR),
+        PYTHONPATH=os.pathsep.join([*path, str(_PLUGIN_DIR)]),
         HF_HUB_OFFLINE="1",
         VLLM_MODEL_REDIRECT_PATH=str(redirect),
         TOKENIZERS_PARALLELISM="false",
@@ -195,17 +198,22 @@ def run(
     files: list[str] | None = None,
     workers: int = 2,
     model: str | None = None,
+    overlay: bool = False,
 ) -> Result:
     """Run ``files`` (default :data:`FILES`) of vLLM's tests under ``src`` in ``mode``
-    (``model``: the tiny Llama's folder, built if absent)."""
+    (``model``: the tiny Llama's folder, built if absent). ``overlay``: run them on the
+    release's own Python sources (``src/vllm``, release ``src.name``) over the installed
+    build's binaries (:mod:`overlay`) instead of the installed vLLM."""
     files = [f for f in (files or list(FILES)) if (src / f).exists()]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vllm-contract-") as tmp:
         work = Path(tmp)
         redirect = _redirect(work, model)
+        over = build_overlay(src / "vllm", work / "overlay", src.name) if overlay else None
+        root = pin_aware_copy(src, work / "pin-aware") if mode == "pins" else src
         reports = [work / f"report-{i}.jsonl" for i in range(workers)]
         procs = [
-            _pytest(src, shard, _env(mode, reports[i], redirect))
+            _pytest(root, shard, _env(mode, reports[i], redirect, over))
             for i, shard in enumerate(_shards(files, workers))
         ]
         for proc in procs:
@@ -217,7 +225,7 @@ def run(
             rerun += [i for i, _ in result.audit if i not in rerun]
             if rerun:
                 stock_report = work / "stock.jsonl"
-                _pytest(src, rerun, _env("stock", stock_report, redirect)).wait()
+                _pytest(src, rerun, _env("stock", stock_report, redirect, over)).wait()
                 stock = {t["id"]: t for t in _read(stock_report)}
                 result.stock_too = [i for i in rerun if i in stock and _same(stock[i], result, i)]
     result.wall_s = time.perf_counter() - started
@@ -231,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--src", type=Path, default=None, help="vLLM source root with tests/")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--overlay", action="store_true", help="run on --src's vllm/ sources over the install"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the full result here")
     parser.add_argument("files", nargs="*", help="test files (default: FILES)")
     args = parser.parse_args(argv)
@@ -238,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (src / "tests" / "v1" / "core").is_dir():
         print(f"no vLLM tests under {src}: run scripts/setup", file=sys.stderr)
         return 2
-    result = run(args.mode, src, files=args.files or None, workers=args.workers)
+    result = run(
+        args.mode, src, files=args.files or None, workers=args.workers, overlay=args.overlay
+    )
     print(json.dumps(result.summary()))
     for test_id, reason in result.excepted:
         print(f"exception  {test_id}: {reason}")
