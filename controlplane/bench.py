@@ -3,8 +3,10 @@
 Starts its own server process (`cachettl serve`, one process, so one core for the
 server's Python) on a fresh database, then measures from this process:
 
-- DecideTtl latency p50/p99 at a paced 500 requests/s (target p99 <= 2 ms), alone and
-  with 1,000 events/s of ingest (batches of 100 every 0.1 s, another tenant) alongside;
+- DecideTtl latency p50/p99 at a paced 500 requests/s (target p99 <= 2 ms), alone,
+  with 1,000 events/s of ingest (batches of 100 every 0.1 s, another tenant, from another
+  process) into the same server alongside, and, as a control, with that ingest going to
+  a second server process (the same load on the machine, none on the server timed);
 - the maximum DecideTtl rate with 64 requests in flight (target >= 2,000/s);
 - ingest rate, batches of 100 events, 4 batches in flight, into SQLite and PostgreSQL
   (target >= 20,000 events/s);
@@ -17,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,8 +79,11 @@ def _prepare(db_url: str, seed: int) -> tuple[str, str]:
     return token, loader
 
 
-def _ingest_load(target: str, token: str, events_per_s: float, stop: threading.Event) -> int:
-    """Batches of 100 events at ``events_per_s`` until ``stop``; returns events stored."""
+def _ingest_load(
+    target: str, token: str, events_per_s: float, stop: Any, ready: Any = None
+) -> float:
+    """Batches of 100 events at ``events_per_s`` until ``stop``; returns events/s stored
+    (after the first batch, which is when ``ready`` is set)."""
     from controlplane.client import ControlPlaneClient
     from controlplane.records import ToolCall
 
@@ -91,29 +96,50 @@ def _ingest_load(target: str, token: str, events_per_s: float, stop: threading.E
                 ToolCall(f"l{b}-{i}", f"p{b}", "bash", "pytest -x", 0.5 + i / 100)
                 for i in range(100)
             ]
-            stored += client.record_tool_calls(calls).accepted
+            accepted = client.record_tool_calls(calls).accepted
+            if b == 0:
+                start = time.perf_counter()
+                if ready is not None:
+                    ready.set()
+            else:
+                stored += accepted
             b += 1
             stop.wait(max(0.0, start + b * interval - time.perf_counter()))
-    return stored
+    return stored / max(time.perf_counter() - start, 1e-9)
+
+
+def _ingest_process(
+    target: str, token: str, events_per_s: float, stop: Any, ready: Any, out: Any
+) -> None:
+    out.put(_ingest_load(target, token, events_per_s, stop, ready))
 
 
 def _latency_with_ingest(
-    target: str, token: str, loader: str, seconds: float
+    target: str, token: str, loader: str, seconds: float, loader_target: str | None = None
 ) -> tuple[np.ndarray, float]:
-    """DecideTtl latencies at 500/s while another tenant ingests 1,000 events/s."""
-    stop = threading.Event()
-    stored: list[int] = []
-    thread = threading.Thread(
-        target=lambda: stored.append(_ingest_load(target, loader, 1000.0, stop)), daemon=True
+    """DecideTtl latencies at 500/s while another tenant ingests 1,000 events/s, from a
+    process of its own (in this one its threads would delay the timed client), into the
+    same server or into ``loader_target`` (the control: the same load on the machine,
+    none on the server timed)."""
+    ctx = multiprocessing.get_context("spawn")
+    stop, ready, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    loader_process = ctx.Process(
+        target=_ingest_process,
+        args=(loader_target or target, loader, 1000.0, stop, ready, out),
+        daemon=True,
     )
-    start = time.perf_counter()
-    thread.start()
+    loader_process.start()
     try:
+        deadline = time.monotonic() + 60
+        while not ready.wait(timeout=0.1):
+            if not loader_process.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the ingest process did not start")
         lat = _paced_latency(target, token, 500.0, seconds)
     finally:
         stop.set()
-        thread.join(timeout=60)
-    return lat, (stored[0] if stored else 0) / (time.perf_counter() - start)
+        rate = float(out.get(timeout=60)) if ready.is_set() else 0.0
+        loader_process.join(timeout=60)
+    return lat, rate
 
 
 def _paced_latency(target: str, token: str, rate: float, seconds: float) -> np.ndarray:
@@ -262,9 +288,12 @@ def _run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"
         token, loader = _prepare(url, 2000)
-        with _server(url) as target:
+        other_url = f"sqlite:///{Path(tmp) / 'other.sqlite3'}"
+        _, other_loader = _prepare(other_url, 0)
+        with _server(url) as target, _server(other_url) as other:
             lat = _paced_latency(target, token, 500.0, seconds) * 1e3
             busy, ingested = _latency_with_ingest(target, token, loader, seconds)
+            control, _ = _latency_with_ingest(target, token, other_loader, seconds, other)
             rate = asyncio.run(_max_rate(target, token, seconds, inflight=64))
         direct = _direct_decide_rate(min(seconds, 2.0))
         p50, p99 = np.percentile(lat, [50, 99])
@@ -273,6 +302,11 @@ def _run(args: argparse.Namespace) -> int:
         print(
             f"  with ingest alongside ({ingested:,.0f} events/s): p50 {b50:.3f} ms  "
             f"p99 {b99:.3f} ms (target <= 2 ms)"
+        )
+        c50, c99 = np.percentile(control * 1e3, [50, 99])
+        print(
+            f"  control, that ingest into another server process: p50 {c50:.3f} ms  "
+            f"p99 {c99:.3f} ms"
         )
         print(
             f"DecideTtl max rate    : {rate:>9,.0f} req/s (target >= 2,000)   "
