@@ -77,7 +77,8 @@ def test_sharing_is_opt_in_and_never_exposes_raw_events(store: Store) -> None:
         assert (decision.basis, decision.model_version) == ("shared", 1)
         (shared,) = next(b.watch_snapshots(timeout_s=10)).models
         assert (shared.level, shared.tool_name) == ("shared", "bash")
-        assert shared.summarized and shared.sample_count == len(shared.sorted_durations_seconds)
+        assert shared.summarized
+        assert shared.sample_count == len(shared.sorted_durations_seconds)
         assert not raw & set(shared.sorted_durations_seconds)  # rounded to a 5 % grid
         assert s.decide_ttl("bash", reload_cost_s=2.0, queue_delay_s=0.0).basis == "tool"
         assert [m.level for m in next(s.watch_snapshots(timeout_s=10)).models] == [
