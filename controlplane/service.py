@@ -39,8 +39,9 @@ READ_BATCH = 5000
 #: How long learning, inspection or a snapshot holds the model lock at a time (one row
 #: or model more at most); decisions wait at most about this long.
 LOCK_SLICE_S = 0.0005
-#: How long an authenticated token is trusted before the store is asked again (so a
-#: revocation takes effect within this many seconds).
+#: How long ``authenticate`` (in-process callers: the CLI, tests) trusts a lookup. The
+#: gRPC server resolves tokens with ``controlplane.auth.TenantCache`` instead (fresh and
+#: stale ages, lookups off the event loop; controlplane/README.md, "Limits").
 AUTH_CACHE_S = 2.0
 
 
