@@ -17,8 +17,17 @@ __all__ = [
 ]
 
 
+#: Trailing metadata key of an error that retrying the same request cannot cure (a limit
+#: that only an operator can raise): its value is ``"false"``. Clients that retry on
+#: RESOURCE_EXHAUSTED (the engine hook) treat such an answer as final.
+RETRYABLE_KEY = "cachettl-retryable"
+
+
 class ControlPlaneError(Exception):
-    """Base class of the control plane's errors."""
+    """Base class of the control plane's errors. ``retryable``: whether sending the same
+    request again may succeed (answered with :data:`RETRYABLE_KEY` when not)."""
+
+    retryable = True
 
 
 class StorageError(ControlPlaneError):

@@ -61,6 +61,8 @@ class NameLimitExceededError(OverloadedError):
     """A batch would give its tenant more distinct names than a bound (nothing stored);
     ``limit`` is ``"tools"`` or ``"signatures"``."""
 
+    retryable = False  # the same batch is refused again until an operator raises the bound
+
     def __init__(self, message: str, limit: str) -> None:
         super().__init__(message)
         self.limit = limit

@@ -32,6 +32,7 @@ from controlplane import inspection, validation
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
 from controlplane.auth import AuthOptions, TenantCache
 from controlplane.errors import (
+    RETRYABLE_KEY,
     AuthenticationError,
     InvalidInputError,
     NotFoundError,
@@ -144,6 +145,11 @@ def _code(error: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, ""
 
 
+def _trailer(error: Exception) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata of an error answer: marks one that retrying cannot cure."""
+    return () if getattr(error, "retryable", True) else ((RETRYABLE_KEY, "false"),)
+
+
 class Servicer:
     """Implements all four services of ``cachettl.v1`` over one ``ControlPlane``."""
 
@@ -193,7 +199,7 @@ class Servicer:
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("%s failed", method)
                 message = f"internal error in {method}"
-            await context.abort(code, message)
+            await context.abort(code, message, trailing_metadata=_trailer(error))
         finally:
             self.metrics.observe_rpc(method, code, time.perf_counter() - start)
         raise AssertionError("unreachable")  # abort() always raises
@@ -247,7 +253,7 @@ class Servicer:
                     if code is grpc.StatusCode.INTERNAL:
                         log.exception("%s failed", method)
                         message = f"internal error in {method}"
-                    await context.abort(code, message)
+                    await context.abort(code, message, trailing_metadata=_trailer(error))
 
         return behavior
 

@@ -46,7 +46,8 @@ Event = ToolCallEvent | ProgramEndEvent
 
 
 class PermanentError(Exception):
-    """The control plane refused an event for good (bad input): retrying cannot help."""
+    """The control plane refused an event for good (bad input, or a limit it marks final,
+    such as a tenant's bound on distinct tool names): retrying cannot help."""
 
 
 class Transport(Protocol):
@@ -356,9 +357,17 @@ class GrpcTransport:
 
     @staticmethod
     def _check(exc: Exception) -> None:
+        """Raise :class:`PermanentError` for an answer that retrying cannot cure: bad input,
+        or a limit the server marks final (a tenant's name bound)."""
         import grpc
 
-        if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        from controlplane.errors import RETRYABLE_KEY
+
+        if not isinstance(exc, grpc.RpcError):
+            return
+        trailer = dict(exc.trailing_metadata() or ())
+        final = trailer.get(RETRYABLE_KEY) == "false"
+        if exc.code() == grpc.StatusCode.INVALID_ARGUMENT or final:
             raise PermanentError(str(exc.details())) from exc
 
     def send_tool_calls(self, events: Sequence[ToolCallEvent]) -> None:

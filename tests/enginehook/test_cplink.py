@@ -3,6 +3,7 @@ spill beyond the memory bound, the control plane down and back, snapshots in."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.learning import NameLimits
 from controlplane.records import PinOutcome, ProgramEnd, ToolCall
 from controlplane.server import ServerOptions
 from controlplane.service import ControlPlane
@@ -62,14 +64,15 @@ def _wait(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
 class Plane:
     """A control plane on a fixed port that can be stopped and started again."""
 
-    def __init__(self, db: str, port: int) -> None:
-        self.db, self.port = db, port
+    def __init__(self, db: str, port: int, name_limits: NameLimits | None = None) -> None:
+        self.db, self.port, self.name_limits = db, port, name_limits
         self.store = create_store(db)
         self.token = ControlPlane(self.store).create_tenant("engine")[1]
         self.server: ControlPlaneThread | None = None
 
     def start(self) -> None:
-        plane = ControlPlane(self.store, "continuum", min_samples=3)
+        limits = {"name_limits": self.name_limits} if self.name_limits else {}
+        plane = ControlPlane(self.store, "continuum", min_samples=3, **limits)
         opts = ServerOptions(
             listen=f"127.0.0.1:{self.port}", watch_interval_s=0.2, tail_interval_s=0.1
         )
@@ -147,6 +150,28 @@ def test_events_delivered_in_batches_once(plane, tmp_path):
         assert plane.stored() == 20
     finally:
         link.close()
+
+
+def test_a_tenants_name_bound_is_final_for_new_names_only(tmp_path):
+    """A batch refused for the tenant's bound on distinct tool names (RESOURCE_EXHAUSTED,
+    marked final) is not retried forever: the link splits it, the events of known names are
+    delivered, those of new names counted as rejected, and later events still flow."""
+    bounded = Plane(f"sqlite:///{tmp_path / 'cp.sqlite3'}", _free_port(), NameLimits(2, 100))
+    bounded.start()
+    link = _link(bounded, tmp_path / "spill")
+    try:
+        for i, tool in enumerate(["t0", "t1", "t2", "t0", "t3"]):
+            link.submit(dataclasses.replace(_call(i), tool_name=tool))
+        assert link.flush(20.0)  # nothing left queued: no retry loop at the head
+        assert bounded.stored() == 3  # t0, t1, t0 again
+        assert link.rejected == 2  # t2, t3
+        link.submit(dataclasses.replace(_call(9), tool_name="t1"))
+        assert link.flush(20.0)
+        assert bounded.stored() == 4
+    finally:
+        link.close()
+        bounded.stop()
+        bounded.store.close()
 
 
 def test_control_plane_down_then_back_no_loss_no_duplicates(plane, tmp_path):
