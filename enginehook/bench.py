@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enginehook.compat import hook_scheduler_cls
 from enginehook.rules import SchedulingRules
 
 __all__ = ["BenchConfig", "Program", "make_trace", "run_bench"]
@@ -196,7 +197,7 @@ def _engine_args(
         "seed": 0,
     }
     if hook is not None:
-        args["scheduler_cls"] = "enginehook.scheduler.CacheTTLScheduler"
+        args["scheduler_cls"] = hook_scheduler_cls()
         args["additional_config"] = {"cachettl": hook}
     args.update(kw)
     return args

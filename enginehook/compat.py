@@ -28,6 +28,7 @@ __all__ = [
     "check_kv_layout",
     "check_vllm",
     "compat_problems",
+    "hook_scheduler_cls",
     "kv_layout_problem",
     "passthrough_reason",
     "source_problems",
@@ -225,6 +226,18 @@ def passthrough_reason(scheduler: Any) -> tuple[str, str] | None:
     if problem is not None:
         return "kv_layout", problem
     return None
+
+
+def hook_scheduler_cls(async_scheduling: bool | None = None) -> str:
+    """The hook's ``--scheduler-cls`` for an engine: ``CacheTTLAsyncScheduler`` where vLLM
+    schedules asynchronously (GPUs, by default), ``CacheTTLScheduler`` where it cannot
+    (the CPU platform turns async scheduling off). ``None``: decide by the platform."""
+    if async_scheduling is None:
+        from vllm.platforms import current_platform
+
+        async_scheduling = not current_platform.is_cpu()
+    name = "CacheTTLAsyncScheduler" if async_scheduling else "CacheTTLScheduler"
+    return f"enginehook.scheduler.{name}"
 
 
 def check_engine(scheduler: Any) -> None:

@@ -163,5 +163,6 @@ def finished_turn(
             request.num_prompt_tokens, request.num_tokens, block_size
         ),
         service_s=now - getattr(request, ADMITTED_ATTR, now),
+        output_tokens=request.num_output_tokens,
         ttl_s=hints.pin_ttl_s,
     )

@@ -90,6 +90,7 @@ class CacheTTLMixin:
             decider=self.services,
             engine_id=self.services.engine_id,
             cpu_tier=self.services.cpu_tier.on,
+            block_size=self.block_size,
         )
         self.pins = self.controller.pins
         self._text = ToolCallText(self.vllm_config.model_config)
@@ -139,7 +140,13 @@ class CacheTTLMixin:
         setattr(request, HINTS_ATTR, read_hints(request))
         if request.session_id and self.active:
             now, tenant = self.clock(), self.cachettl.tenant
-            self.controller.arrived(request.session_id, request.arrival_time, now, tenant)
+            self.controller.arrived(
+                request.session_id,
+                request.arrival_time,
+                now,
+                tenant,
+                prompt_tokens=request.num_prompt_tokens,
+            )
         super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:

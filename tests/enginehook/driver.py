@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enginehook.compat import hook_scheduler_cls
+
 BLOCK = 32
 
 
@@ -97,7 +99,7 @@ def make_llm(model: Path, hook_config: dict[str, Any] | None, **kw: Any) -> Any:
         "seed": 0,
     }
     if hook_config is not None:
-        args["scheduler_cls"] = "enginehook.scheduler.CacheTTLScheduler"
+        args["scheduler_cls"] = hook_scheduler_cls()
         args["additional_config"] = {"cachettl": hook_config}
     args.update(kw)
     return LLM(**args)

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from enginehook.compat import hook_scheduler_cls
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -36,7 +38,7 @@ def start_vllm_server(
     args += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"]
     args += ["--max-model-len", "2048", "--block-size", "32", "--num-gpu-blocks-override", "96"]
     args += ["--enable-prefix-caching", "--max-num-seqs", "4", "--enable-prompt-tokens-details"]
-    args += ["--scheduler-cls", "enginehook.scheduler.CacheTTLScheduler"]
+    args += ["--scheduler-cls", hook_scheduler_cls()]
     args += ["--additional-config", json.dumps({"cachettl": hook}), "--seed", "0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
