@@ -6,8 +6,9 @@ engine then fails at start-up with a message naming the tested versions rather t
 corrupting the KV cache.
 
 What the hook cannot use does not stop the engine: without prefix caching a pin could
-never be hit, and hybrid, sliding-window and other non-full-attention KV layouts keep null
-or state blocks the pin table does not handle. :func:`passthrough_reason` names such a
+never be hit, and state (Mamba), chunked-local, cross-attention and sliding-window-only KV
+layouts keep blocks the pin table does not handle (full attention alone or with
+sliding-window groups is pinned per group). :func:`passthrough_reason` names such a
 case; the hook then passes through (vLLM's own scheduling, no pins), logs one warning and
 sets the ``cachettl_passthrough`` metric.
 """
@@ -81,7 +82,33 @@ INTERNALS: dict[tuple[str, str, str], tuple[str, ...]] = {
     ),
     ("v1/core/kv_cache_manager.py", "KVCacheManager", "allocate_slots"): ("self", "request"),
     ("v1/core/kv_cache_manager.py", "KVCacheManager", "free"): ("self", "request"),
+    ("v1/core/kv_cache_coordinator.py", "KVCacheCoordinator", "pop_blocks_for_free"): (
+        "self",
+        "request_id",
+    ),
+    (
+        "v1/core/single_type_kv_cache_manager.py",
+        "SingleTypeKVCacheManager",
+        "pop_blocks_for_free",
+    ): (
+        "self",
+        "request_id",
+    ),
     ("v1/core/block_pool.py", "BlockPool", "free_blocks"): ("self", "ordered_blocks"),
+    ("v1/core/block_pool.py", "BlockPool", "get_cached_block"): (
+        "self",
+        "block_hash",
+        "kv_cache_group_ids",
+    ),
+    ("v1/core/block_pool.py", "BlockPool", "touch"): ("self", "blocks"),
+    (
+        "v1/core/single_type_kv_cache_manager.py",
+        "SingleTypeKVCacheManager",
+        "get_num_skipped_tokens",
+    ): (
+        "self",
+        "num_computed_tokens",
+    ),
     ("v1/core/block_pool.py", "BlockPool", "get_num_free_blocks"): ("self",),
 }
 
@@ -188,26 +215,41 @@ def check_vllm(version: str | None = None) -> None:
 
 
 def kv_layout_problem(kv_cache_config: Any) -> str | None:
-    """Why the hook cannot pin this KV layout (``None``: one full-attention group)."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    """Why the hook cannot pin this KV layout (``None``: it can).
+
+    Pinnable: full-attention groups, alone or with sliding-window groups (hybrid models
+    such as Gemma-3 or GPT-OSS). A pin holds each group's hashed blocks, which for a
+    sliding-window group are the ones inside the window (vLLM has already replaced the
+    others with null blocks), i.e. what vLLM's hybrid manager needs for the next turn's
+    prefix hit. Mamba and other state layouts, chunked-local and cross attention are not.
+    """
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
     groups = list(kv_cache_config.kv_cache_groups)
-    if len(groups) != 1:
+    kinds = [type(g.kv_cache_spec) for g in groups]
+    other = [k.__name__ for k in kinds if k not in (FullAttentionSpec, SlidingWindowSpec)]
+    if other:
         return (
-            f"CacheTTL engine hook supports one full-attention KV cache group; this model has "
-            f"{len(groups)} (hybrid layouts are not supported)"
+            f"CacheTTL engine hook pins full-attention and sliding-window KV cache groups; "
+            f"this model has {', '.join(sorted(set(other)))} (state and other layouts are "
+            f"not supported)"
         )
-    spec = groups[0].kv_cache_spec
-    if type(spec) is not FullAttentionSpec or getattr(spec, "sliding_window", None) is not None:
+    full = [
+        g
+        for g in groups
+        if type(g.kv_cache_spec) is FullAttentionSpec
+        and getattr(g.kv_cache_spec, "sliding_window", None) is None
+    ]
+    if not full:
         return (
-            f"CacheTTL engine hook supports full attention only; this model's KV layout is "
-            f"{type(spec).__name__} (sliding-window and state layouts are not supported)"
+            "CacheTTL engine hook needs a full-attention KV cache group; this model's layout "
+            "is SlidingWindowSpec only"
         )
     return None
 
 
 def check_kv_layout(kv_cache_config: Any) -> None:
-    """Raise ``RuntimeError`` unless the model has one full-attention KV cache group."""
+    """Raise ``RuntimeError`` unless the hook can pin the model's KV layout."""
     problem = kv_layout_problem(kv_cache_config)
     if problem is not None:
         raise RuntimeError(problem)

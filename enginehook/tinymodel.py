@@ -1,4 +1,5 @@
-"""A tiny random-weight Llama model and a tokenizer trained on the spot (no downloads).
+"""A tiny random-weight Llama model (and a Gemma-3-style hybrid one) with a tokenizer
+trained on the spot (no downloads).
 
 vLLM's CPU attention kernel needs a head dimension of 64. The tokenizer is a word-level
 one trained on a generated corpus, with a chat template that renders ``tool`` messages and
@@ -13,7 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAT_TEMPLATE", "build_tiny_llama", "random_words"]
+__all__ = ["CHAT_TEMPLATE", "build_tiny_gemma3", "build_tiny_llama", "random_words"]
 
 #: Renders system/user/assistant/tool messages; assistant tool calls as a bash block.
 CHAT_TEMPLATE = (
@@ -121,5 +122,49 @@ def build_tiny_llama(
     model: Any = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model = model.to(torch.bfloat16)
     model.save_pretrained(str(out), safe_serialization=True)
+    marker.write_text(json.dumps(settings))
+    return out
+
+
+def build_tiny_gemma3(
+    path: str | Path,
+    *,
+    layers: int = 6,
+    sliding_window: int = 128,
+    hidden: int = 256,
+    heads: int = 4,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight Gemma-3-style text model (five sliding-window layers per
+    full-attention layer, as Gemma-3; window ``sliding_window`` tokens, head dim 64) and the
+    tiny tokenizer to ``path``; returns it. Idempotent like :func:`build_tiny_llama`."""
+    out = Path(path)
+    settings = {"arch": "gemma3", "layers": layers, "window": sliding_window, "seed": seed}
+    settings.update(hidden=hidden, heads=heads)
+    marker = out / "cachettl-tiny.json"
+    if marker.exists() and json.loads(marker.read_text()) == settings:
+        return out
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab_size = _write_tokenizer(out)
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=64,
+        sliding_window=sliding_window,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model: Any = Gemma3ForCausalLM(config)
+    model.to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
     marker.write_text(json.dumps(settings))
     return out

@@ -30,7 +30,11 @@ def _config(*specs: Any) -> Any:
 
 def test_kv_layout_guard():
     import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        SlidingWindowSpec,
+    )
 
     from enginehook.compat import check_kv_layout
 
@@ -38,11 +42,15 @@ def test_kv_layout_guard():
     window = SlidingWindowSpec(
         block_size=32, num_kv_heads=4, head_size=64, dtype=torch.bfloat16, sliding_window=128
     )
+    chunked = ChunkedLocalAttentionSpec(
+        block_size=32, num_kv_heads=4, head_size=64, dtype=torch.bfloat16, attention_chunk_size=64
+    )
     check_kv_layout(_config(full))
-    with pytest.raises(RuntimeError, match="SlidingWindowSpec"):
+    check_kv_layout(_config(full, window))  # hybrid (Gemma-3): pinned per group
+    with pytest.raises(RuntimeError, match="SlidingWindowSpec only"):
         check_kv_layout(_config(window))
-    with pytest.raises(RuntimeError, match="hybrid"):
-        check_kv_layout(_config(full, window))
+    with pytest.raises(RuntimeError, match="ChunkedLocalAttentionSpec"):
+        check_kv_layout(_config(full, chunked))
 
 
 def test_config_errors_name_the_key():

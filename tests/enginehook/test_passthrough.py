@@ -16,15 +16,15 @@ import pytest
 vllm = pytest.importorskip("vllm")
 
 
-def _scheduler(model: Any, *, prefix_caching: bool, hybrid: bool = False) -> Any:
+def _scheduler(model: Any, *, prefix_caching: bool, chunked: bool = False) -> Any:
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
     from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
-        SlidingWindowSpec,
     )
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -43,8 +43,9 @@ def _scheduler(model: Any, *, prefix_caching: bool, hybrid: bool = False) -> Any
     )
     spec: dict[str, Any] = dict(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
     groups = [KVCacheGroupSpec(["full"], FullAttentionSpec(**spec))]
-    if hybrid:
-        groups.append(KVCacheGroupSpec(["swa"], SlidingWindowSpec(**spec, sliding_window=64)))
+    if chunked:
+        local = ChunkedLocalAttentionSpec(**spec, attention_chunk_size=64)
+        groups.append(KVCacheGroupSpec(["local"], local))
     kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
     config.cache_config.num_gpu_blocks = 64
     register_all_kvcache_specs(config)  # type: ignore[no-untyped-call]
@@ -93,9 +94,9 @@ def test_without_prefix_caching_the_hook_passes_through_with_one_warning(tiny_mo
 
 def test_a_layout_it_cannot_pin_passes_through_instead_of_refusing(tiny_model, caplog):
     with caplog.at_level(logging.WARNING, logger="enginehook"):
-        scheduler = _scheduler(tiny_model, prefix_caching=True, hybrid=True)
+        scheduler = _scheduler(tiny_model, prefix_caching=True, chunked=True)
     assert scheduler.active is False
-    assert "hybrid" in _warnings(caplog)[0]
+    assert "ChunkedLocalAttentionSpec" in _warnings(caplog)[0]
     assert 'cachettl_passthrough{reason="kv_layout"} 1' in scheduler.metrics.prometheus()
     scheduler.shutdown()
 
