@@ -71,8 +71,8 @@ class Plane:
         self.server: ControlPlaneThread | None = None
 
     def start(self) -> None:
-        limits = {"name_limits": self.name_limits} if self.name_limits else {}
-        plane = ControlPlane(self.store, "continuum", min_samples=3, **limits)
+        limits = self.name_limits or NameLimits()
+        plane = ControlPlane(self.store, "continuum", min_samples=3, name_limits=limits)
         opts = ServerOptions(
             listen=f"127.0.0.1:{self.port}", watch_interval_s=0.2, tail_interval_s=0.1
         )

@@ -165,7 +165,9 @@ def test_waiting_order_follows_the_priority_key(driver, clock):
         driver.drain()
     finally:
         sched.max_num_running_reqs, sched.max_num_active_reqs = saved
-    assert driver.finished_order == ["Y-2", "Old-2", "X", "W"]
+    # The pinned returning turn first, then new programs' first turns (a request without a
+    # session is one too) in arrival order, then the unpinned returning turn.
+    assert driver.finished_order == ["Y-2", "X", "W", "Old-2"]
 
 
 def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
@@ -200,7 +202,7 @@ def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
         services.cpu_tier = detect_cpu_tier("on", sched.vllm_config)
         controller.cpu_tier = True
         rules = (controller.pressure_rule, controller.order_window_s)
-        assert rules == (PressureRule.ALWAYS, 5.0)  # the tier defaults
+        assert rules == (PressureRule.ALWAYS, 0.0)  # the tier's rules: no order window
         driver.run("U-1", driver.words(600), 32, session="U", xargs=xargs)
         assert "U" not in sched.pins  # a miss costs a reload: not worth the memory
     finally:
