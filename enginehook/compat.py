@@ -284,11 +284,18 @@ def hook_scheduler_cls(async_scheduling: bool | None = None) -> str:
 
 def check_engine(scheduler: Any) -> None:
     """What the hook cannot run without (raises ``RuntimeError``): a tested vLLM whose
-    internals are the expected ones, and the scheduler flavour that matches async
-    scheduling."""
+    internals are the expected ones, rules it can carry out (no program-level admission
+    yet), and the scheduler flavour that matches async scheduling."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
     check_vllm()
+    admission = scheduler.cachettl.rules.admission
+    if admission != "none":
+        raise RuntimeError(
+            f"additional_config.cachettl.admission={admission!r}: program-level admission runs "
+            "in the simulator only; the vLLM hook cannot hold a paused program's requests yet "
+            "(leave admission at 'none')"
+        )
     config = scheduler.vllm_config
     if config.scheduler_config.async_scheduling and not isinstance(scheduler, AsyncScheduler):
         raise RuntimeError(

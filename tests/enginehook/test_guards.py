@@ -68,3 +68,19 @@ def test_token_from_the_environment_and_never_in_repr(monkeypatch):
     config = HookConfig.from_additional({"cachettl": {"control_plane": "127.0.0.1:1"}})
     assert config.token == "secret-token"
     assert "secret-token" not in repr(config)
+
+
+def test_the_hook_refuses_admission_it_cannot_carry_out():
+    from types import SimpleNamespace
+
+    from enginehook.compat import check_engine
+    from enginehook.rules import SchedulingRules
+
+    engine = SimpleNamespace(
+        cachettl=HookConfig(rules=SchedulingRules(admission="thunderagent")),
+        vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=False)),
+    )
+    with pytest.raises(RuntimeError, match="admission='thunderagent': program-level admission"):
+        check_engine(engine)
+    engine.cachettl = HookConfig()
+    check_engine(engine)  # the default rules pass
