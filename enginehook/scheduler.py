@@ -28,9 +28,9 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.request import Request, RequestStatus
 
+from enginehook.blocks import take_pinned_blocks
 from enginehook.compat import check_engine, passthrough_reason
 from enginehook.config import HookConfig
 from enginehook.lifecycle import PinController
@@ -54,21 +54,6 @@ _MIN_PREFILL_TOKENS = 64
 logger = logging.getLogger("enginehook")
 
 
-def _hashed_end(blocks: list[Any], size: int) -> int:
-    """Tokens up to the end of the last hashed block of one group's ``blocks``."""
-    for i in range(len(blocks) - 1, -1, -1):
-        if blocks[i].block_hash is not None and not blocks[i].is_null:
-            return (i + 1) * size
-    return 0
-
-
-class PinnedBlocks(list[Any]):
-    """A pin's blocks (all KV cache groups, allocation order per group) and the prompt
-    tokens they cover (the full-attention groups' prefix)."""
-
-    tokens: int = 0
-
-
 class CacheTTLMixin:
     """The hook; mixed in before ``Scheduler`` or ``AsyncScheduler``. It is the
     controller's :class:`~enginehook.lifecycle.EngineHost`."""
@@ -88,7 +73,7 @@ class CacheTTLMixin:
         super().__init__(*args, **kwargs)
         self.cachettl = config = HookConfig.from_additional(self.vllm_config.additional_config)
         check_engine(self)
-        passthrough = self._passthrough() if config.enabled else None
+        passthrough = passthrough_reason(self) if config.enabled else None
         #: Whether the hook pins and orders (off: disabled, or passing through).
         self.active = config.enabled and passthrough is None
         self.clock: Callable[[], float] = time.time
@@ -117,11 +102,6 @@ class CacheTTLMixin:
             self.waiting = ProgramRequestQueue(self._key)
         self._allocate = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_with_pressure
-
-    def _passthrough(self) -> tuple[str, str] | None:
-        """Why the hook passes through on this engine (``(metric reason, message)``), or
-        ``None``: see :func:`enginehook.compat.passthrough_reason`."""
-        return passthrough_reason(self)
 
     def _key(self, r: Request) -> tuple[object, ...]:
         priority = r.priority if self._priority else 0
@@ -231,54 +211,9 @@ class CacheTTLMixin:
         self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
 
     def _take_blocks(self, request: Request) -> tuple[int, list[Any]]:
-        """The blocks of every KV cache group that the next turn's prefix hit needs, for a
-        pin (the rest is freed now). Full-attention groups keep the whole hashed prefix;
-        a sliding-window group the blocks of the window before that prefix's end (what
-        vLLM's hybrid manager checks for a hit), taken back from the prefix cache where
-        vLLM already freed them during decoding."""
-        managers = self.kv_cache_manager.coordinator.single_type_managers
-        groups = [m.pop_blocks_for_free(request.request_id) for m in managers]
-        full = [type(m.kv_cache_spec) is FullAttentionSpec for m in managers]
-        # The next turn can hit at most where every group's hashed blocks end.
-        ends = [
-            _hashed_end(blocks, m.block_size) for m, blocks in zip(managers, groups, strict=True)
-        ]
-        covered = min(ends) if ends else 0
-        handle, free = PinnedBlocks(), []
-        for manager, blocks, is_full in zip(managers, groups, full, strict=True):
-            if is_full:
-                last = covered // manager.block_size
-                kept = [b for b in blocks[:last] if b.block_hash is not None and not b.is_null]
-            else:
-                kept = self._window_blocks(request, manager, blocks, covered)
-            ids = {id(b) for b in kept}
-            free += [b for b in blocks if id(b) not in ids and not b.is_null]
-            handle += kept
-        if free:
-            self._pool.free_blocks(reversed(free))
-        handle.tokens = covered
+        """The blocks the next turn's prefix hit needs, for a pin (the rest freed now)."""
+        handle = take_pinned_blocks(self.kv_cache_manager, self._pool, request)
         return len(handle), handle
-
-    def _window_blocks(
-        self, request: Request, manager: Any, blocks: list[Any], end: int
-    ) -> list[Any]:
-        """A sliding-window group's blocks for a prefix hit ending at token ``end``: the
-        request's own where it still holds them, else the prefix cache's copy (touched,
-        so the pin owns a reference); a block evicted already is left out."""
-        size = manager.block_size
-        first = manager.get_num_skipped_tokens(end) // size
-        hashes = request.block_hashes if self._pool.hash_block_size == size else []
-        kept: list[Any] = []
-        for i in range(first, end // size):
-            own = blocks[i] if i < len(blocks) else None
-            if own is not None and not own.is_null and own.block_hash is not None:
-                kept.append(own)
-            elif i < len(hashes):
-                cached = self._pool.get_cached_block(hashes[i], [manager.kv_cache_group_id])
-                if cached:
-                    self._pool.touch(cached)
-                    kept += cached
-        return kept
 
     def _allocate_with_pressure(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         got = [self._allocate(request, *args, **kwargs)]
