@@ -23,7 +23,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from enginehook.admission import INTERVAL_S
 from enginehook.pins import Pin
@@ -51,16 +51,26 @@ VictimChoice = Callable[[Sequence[Pin[Any]], int, float, Collection[str]], list[
 VICTIMS: dict[str, VictimChoice] = {}
 
 
-def register_victims(name: str) -> Callable[[VictimChoice], VictimChoice]:
-    """Decorator: make a victim strategy available to ``SchedulingRules.victim``."""
+F = TypeVar("F")
 
-    def add(choice: VictimChoice) -> VictimChoice:
-        if name in VICTIMS:
-            raise ValueError(f"a victim strategy named {name!r} is already registered")
-        VICTIMS[name] = choice
-        return choice
 
-    return add
+def _registrar(registry: dict[str, F], what: str) -> Callable[[str], Callable[[F], F]]:
+    """A decorator factory that adds functions to ``registry`` under a unique name."""
+
+    def register(name: str) -> Callable[[F], F]:
+        def add(function: F) -> F:
+            if name in registry:
+                raise ValueError(f"{what} named {name!r} is already registered")
+            registry[name] = function
+            return function
+
+        return add
+
+    return register
+
+
+#: Decorator: make a victim strategy available to ``SchedulingRules.victim``.
+register_victims = _registrar(VICTIMS, "a victim strategy")
 
 
 @register_victims("lowest-loss")
@@ -120,16 +130,8 @@ OrderKey = Callable[[OrderContext, int, bool, "str | None", float, str], tuple[A
 ORDERINGS: dict[str, OrderKey] = {}
 
 
-def register_ordering(name: str) -> Callable[[OrderKey], OrderKey]:
-    """Decorator: make a waiting-queue ordering available to ``SchedulingRules.ordering``."""
-
-    def add(key: OrderKey) -> OrderKey:
-        if name in ORDERINGS:
-            raise ValueError(f"an ordering named {name!r} is already registered")
-        ORDERINGS[name] = key
-        return key
-
-    return add
+#: Decorator: make a waiting-queue ordering available to ``SchedulingRules.ordering``.
+register_ordering = _registrar(ORDERINGS, "an ordering")
 
 
 @register_ordering("fcfs")
