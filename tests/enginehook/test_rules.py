@@ -241,3 +241,13 @@ def test_orderings_are_registered_and_priority_comes_first() -> None:
     controller.arrived("new", 5.0, 5.0)
     returning = controller.order_key(0, False, "old", 9.0, "old-2")
     assert controller.order_key(0, False, "new", 5.0, "new-1") < returning
+
+
+def test_a_strategy_name_is_registered_once() -> None:
+    from enginehook.rules import register_ordering, register_victims
+
+    with pytest.raises(ValueError, match="a victim strategy named 'lowest-loss' is already"):
+        register_victims("lowest-loss")(VICTIMS["latest-expiry"])
+    with pytest.raises(ValueError, match="an ordering named 'fcfs' is already registered"):
+        register_ordering("fcfs")(ORDERINGS["program"])
+    assert VICTIMS["lowest-loss"] is not VICTIMS["latest-expiry"]  # nothing was replaced
