@@ -276,20 +276,6 @@ class PinTable(Generic[H]):
                     released.append((pin, ReleaseReason.TTL))
         return released
 
-    def pressure_victims(
-        self,
-        needed_blocks: int,
-        now: float,
-        waiting_programs: Collection[str],
-        *,
-        last_resort: bool,
-    ) -> list[Pin[H]]:
-        """Pins to release so that ``needed_blocks`` more blocks can be found (not released
-        here). Programs with a waiting request are chosen only with ``last_resort``."""
-        return choose_victims(
-            list(self._pins.values()), needed_blocks, now, waiting_programs, last_resort
-        )
-
     # -- internals ---------------------------------------------------------------------
     def _remove(self, program_id: str) -> Pin[H] | None:
         pin = self._pins.pop(program_id, None)

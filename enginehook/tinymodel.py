@@ -98,30 +98,40 @@ def build_tiny_llama(
         "max_positions": max_positions,
         "seed": seed,
     }
+
+    def make(vocab_size: int) -> Any:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=max_positions,
+            bos_token_id=1,
+            eos_token_id=2,
+            tie_word_embeddings=False,
+        )
+        return LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+
+    return _build(out, settings, seed, make)
+
+
+def _build(out: Path, settings: dict[str, Any], seed: int, make: Any) -> Path:
+    """Write the tokenizer and ``make(vocab_size)``'s random weights (seeded, bfloat16) to
+    ``out`` unless a model of the same ``settings`` is already there."""
     marker = out / "cachettl-tiny.json"
     if marker.exists() and json.loads(marker.read_text()) == settings:
         return out
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
     vocab_size = _write_tokenizer(out)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=False,
-    )
     torch.manual_seed(seed)
-    model: Any = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
-    model = model.to(torch.bfloat16)
-    model.save_pretrained(str(out), safe_serialization=True)
+    model: Any = make(vocab_size)
+    model.to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
     marker.write_text(json.dumps(settings))
     return out
 
@@ -141,30 +151,24 @@ def build_tiny_gemma3(
     out = Path(path)
     settings = {"arch": "gemma3", "layers": layers, "window": sliding_window, "seed": seed}
     settings.update(hidden=hidden, heads=heads)
-    marker = out / "cachettl-tiny.json"
-    if marker.exists() and json.loads(marker.read_text()) == settings:
-        return out
-    import torch
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    out.mkdir(parents=True, exist_ok=True)
-    vocab_size = _write_tokenizer(out)
-    config = Gemma3TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=64,
-        sliding_window=sliding_window,
-        max_position_embeddings=4096,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    torch.manual_seed(seed)
-    model: Any = Gemma3ForCausalLM(config)
-    model.to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
-    marker.write_text(json.dumps(settings))
-    return out
+    def make(vocab_size: int) -> Any:
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        config = Gemma3TextConfig(
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            head_dim=64,
+            sliding_window=sliding_window,
+            max_position_embeddings=4096,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+        return Gemma3ForCausalLM(config)
+
+    return _build(out, settings, seed, make)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from enginehook.rules import SchedulingRules
-from simulator.study import PEERS, WORKLOADS, Study
+from simulator.study import PEERS, WORKLOADS, Study, study_arguments
 
 __all__ = ["PEERS", "POINTS", "covered", "register"]
 
@@ -58,19 +58,11 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _frontier(args: argparse.Namespace) -> int:
     from simulator.report import parse_policies
 
-    try:
-        seeds = [int(x) for x in args.seeds.split(",")]
-        loads = [float(x) for x in args.loads.split(",")]
-    except ValueError:
-        raise ValueError("--seeds must list integers and --loads numbers") from None
+    seeds, loads, names = study_arguments(args)
     if args.knob not in SchedulingRules.names():
         raise ValueError(f"--knob must be a rule: {', '.join(SchedulingRules.names())}")
     values = [v.strip() for v in args.values.split(",") if v.strip()]
     SchedulingRules.parse({args.knob: values[0]})  # a bad value fails before any run
-    names = args.workloads.split(",")
-    for name in names:
-        if name not in WORKLOADS:
-            raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
     points = parse_policies(args.policy)
     curve = [f"cachettl({args.knob}={v})" for v in values]
     study = Study(args.programs, seeds, cpu_tier_tokens=args.cpu_tier_tokens)

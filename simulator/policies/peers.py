@@ -6,11 +6,9 @@ hosts run) and, for SGLang, a TTL; sources and constants are in simulator/README
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 from enginehook.lifecycle import FinishedTurn
-from enginehook.pressure import PressureRule
 from enginehook.rules import SchedulingRules
 from estimator import Decision, RequestFacts
 from simulator.policies.base import (
@@ -19,7 +17,7 @@ from simulator.policies.base import (
     register_scheduling_policy,
     rule_params,
 )
-from simulator.policies.pinning import PinningPolicy
+from simulator.policies.pinning import PAPER_RULES, PinningPolicy
 
 __all__ = ["LlmdFairness", "SglangSession", "ThunderAgent"]
 
@@ -57,17 +55,7 @@ class LlmdFairness(SchedulingPolicy):
 
 #: SGLang's session radix cache: sessions' KV stays as ordinary cache (no TTL, no budget),
 #: released for any allocation that needs it, least recently used first; FCFS queue.
-SGLANG_RULES = SchedulingRules(
-    pressure=PressureRule.ALWAYS,
-    tier_pressure=None,
-    ordering="fcfs",
-    order_window_s=0.0,
-    tier_order_window_s=None,
-    first_turn_head_start_s=0.0,
-    budget_share=1.0,
-    ttl_cap_s=math.inf,
-    victim="least-recent",
-)
+SGLANG_RULES = PAPER_RULES.replace(ordering="fcfs", victim="least-recent")
 
 
 #: The "TTL" of a session reference: longer than any run (the pin table takes finite TTLs).

@@ -142,13 +142,15 @@ def test_pin_larger_than_budget_is_refused():
     assert not table.pin("a", 4, 0.0, 1.0).pinned
 
 
-def test_pressure_victims_skip_waiting_programs_unless_last_resort():
+def test_lowest_loss_victims_take_waiting_programs_last():
+    from enginehook.rules import VICTIMS
+
     table, _ = _table()
     table.pin("w", 8, 0.0, 10.0, return_probability=0.0)
     table.pin("x", 2, 0.0, 10.0, return_probability=0.5, benefit_s=1.0)
-    victims = table.pressure_victims(6, 1.0, {"w"}, last_resort=False)
-    assert [p.program_id for p in victims] == ["x"]
-    victims = table.pressure_victims(6, 1.0, {"w"}, last_resort=True)
+    victims = VICTIMS["lowest-loss"](list(table), 2, 1.0, {"w"})
+    assert [p.program_id for p in victims] == ["x"]  # w would lose nothing, but it waits
+    victims = VICTIMS["lowest-loss"](list(table), 6, 1.0, {"w"})
     assert [p.program_id for p in victims] == ["x", "w"]
 
 
