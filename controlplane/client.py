@@ -39,7 +39,8 @@ from controlplane._gen.cachettl.v1 import (
     ttl_pb2,
     ttl_pb2_grpc,
 )
-from controlplane.records import PinOutcome, ToolCall
+from controlplane.records import MissReason, PinOutcome, ToolCall, TurnCache
+from enginehook.kvhints import envelope_from_proto
 from estimator import RequestFacts
 
 __all__ = [
@@ -56,7 +57,10 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class TtlDecision:
-    """The answer of ``decide_ttl`` (seconds throughout)."""
+    """The answer of ``decide_ttl`` (seconds throughout). ``kv_hints``: the decision as a
+    KV-hint envelope in its JSON form (one ``cachettl.retention`` action with ``ttl_s``),
+    to forward to an engine as is (``enginehook.kvhints``); ``None`` from a server that
+    does not send one."""
 
     ttl_s: float
     return_probability: float
@@ -64,6 +68,7 @@ class TtlDecision:
     basis: str
     model_version: int
     benefit_s: float
+    kv_hints: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +127,23 @@ def to_event(call: ToolCall) -> events_pb2.ToolCallEvent:
         event.chosen_ttl.CopyFrom(_duration("chosen_ttl_s", call.chosen_ttl_s))
     if call.admission_delay_s is not None:
         event.admission_delay.CopyFrom(_duration("admission_delay_s", call.admission_delay_s))
+    _cache_fields(event, call.cache)
     return event
+
+
+def _cache_fields(event: events_pb2.ToolCallEvent, cache: TurnCache) -> None:
+    """The returning turn's cache report on the wire (fields not observed stay unset)."""
+    event.miss_reason = int(cache.reason)  # type: ignore[assignment]
+    event.not_pinned_cause = int(cache.not_pinned_cause)  # type: ignore[assignment]
+    if cache.expired_by_s is not None:
+        event.expired_by.CopyFrom(_duration("expired_by_s", cache.expired_by_s))
+    for name, value in (
+        ("diverged_at_token", cache.diverged_at),
+        ("hit_tokens", cache.hit_tokens),
+        ("reusable_tokens", cache.reusable_tokens),
+    ):
+        if value is not None:
+            setattr(event, name, value)
 
 
 def to_decide_request(facts: RequestFacts) -> ttl_pb2.DecideTtlRequest:
@@ -239,6 +260,7 @@ class ControlPlaneClient:
             r.basis,
             r.model_version,
             _seconds(r.benefit),
+            envelope_from_proto(r.kv_hints) if r.HasField("kv_hints") else None,
         )
 
     # -- inspection and snapshots (wire messages, see proto/cachettl/v1/) -------------
@@ -253,6 +275,19 @@ class ControlPlaneClient:
             tool_name=tool_name, tool_args=tool_args, cdf_points=cdf_points
         )
         return self._inspect.GetToolDistribution(request, **self._kw())  # type: ignore[no-any-return]
+
+    def list_misses(
+        self,
+        tool_name: str = "",
+        program_id: str = "",
+        reason: MissReason = MissReason.UNSPECIFIED,
+        limit: int = 0,
+    ) -> inspect_pb2.ListMissesResponse:
+        """Recent missed turns, newest first, and the summary by reason (``ListMisses``)."""
+        request = inspect_pb2.ListMissesRequest(
+            tool_name=tool_name, program_id=program_id, reason=int(reason), limit=limit
+        )
+        return self._inspect.ListMisses(request, **self._kw())  # type: ignore[no-any-return]
 
     def workload_stats(self) -> inspect_pb2.GetWorkloadStatsResponse:
         request = inspect_pb2.GetWorkloadStatsRequest()

@@ -28,7 +28,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from controlplane import inspection, validation
+from controlplane import inspection, missview, validation
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
 from controlplane.auth import AuthOptions, TenantCache
 from controlplane.errors import (
@@ -43,9 +43,10 @@ from controlplane.errors import (
 )
 from controlplane.gate import Budgets, Gate
 from controlplane.metrics import Metrics
-from controlplane.records import LIMITS, Limits, Tenant
+from controlplane.records import LIMITS, MISSES, Limits, MissQuery, Tenant
 from controlplane.service import ControlPlane
 from controlplane.state import PinCounts
+from enginehook.kvhints import Retention, envelope_to_proto, retention_envelope
 
 __all__ = ["Malformed", "Servicer", "generic_handlers"]
 
@@ -305,6 +306,7 @@ class Servicer:
             basis=decision.basis,
             model_version=version,
             benefit=_duration(decision.benefit_s),
+            kv_hints=envelope_to_proto(retention_envelope(Retention(ttl_s=decision.ttl_s))),
         )
 
     # -- InspectService ---------------------------------------------------------------
@@ -348,7 +350,22 @@ class Servicer:
         view = await self._view(self.plane.tool_distribution, tenant.name, tool, args, points)
         if view is None:
             raise NotFoundError(f"tool_name: no samples of tool {tool!r}")
-        return await self._view(_distribution, view, version)
+        response = await self._view(_distribution, view, version)
+        stats = await asyncio.to_thread(inspection.miss_stats, self.plane.store, tenant.name, tool)
+        response.misses.CopyFrom(missview.miss_stats_proto(stats))
+        return response
+
+    async def ListMisses(  # noqa: N802
+        self,
+        tenant: Tenant,
+        request: inspect_pb2.ListMissesRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> inspect_pb2.ListMissesResponse:
+        tool, program, reason, limit = validation.misses_request(request)
+        reasons = frozenset({reason}) if reason is not None else MISSES
+        query = MissQuery(tool, program, reasons, limit)
+        view = await asyncio.to_thread(inspection.misses, self.plane.store, tenant.name, query)
+        return missview.misses_response(view)
 
     async def GetWorkloadStats(  # noqa: N802
         self,

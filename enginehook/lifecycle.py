@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 from enginehook.admission import ProgramAdmission
@@ -27,7 +27,14 @@ from enginehook.pins import Pin, PinTable, ReleaseReason
 from enginehook.pressure import PressureRule, may_release
 from enginehook.priority import ProgramArrivals
 from enginehook.rules import ORDERINGS, VICTIMS, SchedulingRules
-from enginehook.tracker import ProgramEndEvent, ToolCallEvent, ToolCallTracker
+from enginehook.tracker import (
+    CacheSeen,
+    NotPinnedCause,
+    ProgramEndEvent,
+    ReturningTurn,
+    ToolCallEvent,
+    ToolCallTracker,
+)
 from estimator import Decision, RequestFacts
 
 __all__ = ["Decider", "EngineHost", "Finish", "FinishedTurn", "PinController"]
@@ -46,8 +53,10 @@ class FinishedTurn:
     context a CPU tier holds (``None``: all of it, when a tier is on). ``service_s``: model
     time the turn took (attained service); ``output_tokens``: tokens it generated (with
     ``context_tokens``, its weighted-token service: prompt + 2 × output). ``ttl_s``: the
-    TTL the client set for this turn (the decider should honour it). ``true_duration_s``:
-    the tool's real duration, known only to a simulator (the oracle policy uses it).
+    TTL the client set for this turn (the decider should honour it). ``ttl_ceiling_s``:
+    the most the client lets this turn be pinned (caps the decided TTL; the rules'
+    ``ttl_cap_s`` still applies on top). ``true_duration_s``: the tool's real duration,
+    known only to a simulator (the oracle policy uses it).
     """
 
     program_id: str
@@ -62,6 +71,7 @@ class FinishedTurn:
     output_tokens: int = 0
     ttl_s: float | None = None
     true_duration_s: float | None = None
+    ttl_ceiling_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,14 +252,24 @@ class PinController(Generic[H]):
         if self.admission is not None:
             self.admission.arrived(program_id, prompt_tokens, now)
 
-    def admitted(self, program_id: str, now: float) -> Pin[H] | None:
+    def admitted(self, program_id: str, now: float, seen: CacheSeen | None = None) -> Pin[H] | None:
         """A request of the program was admitted: a live pin hands its blocks over
-        (returned, already ended as ``HIT``) and the tool call it returned from is complete."""
+        (returned, already ended as ``HIT``) and the tool call it returned from is complete.
+        ``seen``: what the host saw of the request's cache (hit tokens, block hashes or
+        the reusable prefix), for the turn's miss reason."""
+        return self.admit(program_id, now, seen)[0]
+
+    def admit(
+        self, program_id: str, now: float, seen: CacheSeen | None = None
+    ) -> tuple[Pin[H] | None, ReturningTurn | None]:
+        """:meth:`admitted`, also returning what the returning turn found of its previous
+        turn's cache (``None``: the request returns from no finished turn)."""
         pin = self.pins.admitted(program_id)
-        event = self._tracker_of(program_id).admitted(program_id, now, pin_held=pin is not None)
-        if event is not None:
-            self.host.emit(event)
-        return pin
+        tracker = self._tracker_of(program_id)
+        turn = tracker.returned(program_id, now, pin_held=pin is not None, seen=seen)
+        if turn is not None and turn.event is not None:
+            self.host.emit(turn.event)
+        return pin, turn
 
     def finished(
         self, turn: FinishedTurn, now: float, take: Callable[[], tuple[int, H]]
@@ -267,9 +287,14 @@ class PinController(Generic[H]):
             self.end_program(program, now)
             return Finish()
         if turn.tool is None or self.decider is None or not turn.pin:
-            tracker.finished(program, now, tool=turn.tool, tool_args=turn.tool_args)
+            cause = NotPinnedCause.CLIENT if not turn.pin else NotPinnedCause.TTL_ZERO
+            tracker.finished(
+                program, now, tool=turn.tool, tool_args=turn.tool_args, not_pinned=cause
+            )
             return Finish()
         decision = self.decider.decide(self._facts(turn, tracker), turn)
+        if turn.ttl_ceiling_s is not None and decision.ttl_s > turn.ttl_ceiling_s:
+            decision = replace(decision, ttl_s=turn.ttl_ceiling_s)
         if decision.ttl_s <= 0:
             tracker.finished(
                 program, now, tool=turn.tool, tool_args=turn.tool_args, basis=decision.basis
@@ -297,6 +322,7 @@ class PinController(Generic[H]):
             ttl_s=result.ttl_s if result.pinned else 0.0,
             pinned=result.pinned,
             basis=decision.basis,
+            not_pinned=NotPinnedCause.BUDGET,
         )
         return Finish(took=True, pinned=result.pinned, decision=decision, handle=handle)
 
@@ -334,6 +360,12 @@ class PinController(Generic[H]):
             if waiting > enough:
                 break
         return waiting, free
+
+    def close(self, program_id: str) -> Pin[H] | None:
+        """A request of the program asked to release its session: its pin goes now
+        (``CLOSED``, returned); the host ends the program when that request finishes
+        (a turn with ``last_turn``), so nothing is pinned after it."""
+        return self.pins.release(program_id, ReleaseReason.CLOSED)
 
     def end_program(self, program_id: str, now: float) -> None:
         """The program ended: its pin goes, its last turn is counted, its state forgotten."""

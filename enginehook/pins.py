@@ -10,6 +10,8 @@ A pin ends for one of the reasons in :class:`ReleaseReason`:
 - ``TTL``: it expired (strictly after ``pinned_at + ttl``, as in the paper's Algorithm 1)
   with no follow-up request of its program waiting;
 - ``PROGRAM_END``: the program's last turn arrived or the client ended it;
+- ``CLOSED``: a request of the program asked to release its session (a ``release`` hint):
+  the pin goes when that request arrives, before it runs;
 - ``PRESSURE``: the engine needed the memory (:mod:`enginehook.pressure` picks victims);
 - ``BUDGET``: a new pin needed room under the global pinned-block budget;
 - ``REPLACED``: the same program pinned again (one pin per program);
@@ -49,6 +51,7 @@ class ReleaseReason(Enum):
     HIT = "hit"
     TTL = "ttl"
     PROGRAM_END = "program_end"
+    CLOSED = "closed"
     PRESSURE = "pressure"
     BUDGET = "budget"
     REPLACED = "replaced"

@@ -1,6 +1,6 @@
 """The vLLM request side of the hook: the waiting queue in the controller's order, and a
 finished request as the controller's :class:`~enginehook.lifecycle.FinishedTurn` (client
-hints, the tool call detected in its output). Imports vLLM.
+hints and KV-hint envelopes, the tool call detected in its output). Imports vLLM.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from vllm.v1.request import Request
 
 from enginehook.config import CpuTier
 from enginehook.detect import detect_tool_call
-from enginehook.hints import Hints
+from enginehook.hints import Hints, request_hints
 from enginehook.lifecycle import FinishedTurn
 from enginehook.priority import SortedWaitQueue
 
@@ -126,11 +126,15 @@ class ToolCallText:
 
 
 def read_hints(request: Request) -> Hints:
-    """The client's hints of ``request`` (from ``vllm_xargs``); bad hints are logged and
-    ignored, never fatal to the request."""
+    """The client's hints of ``request``: ``vllm_xargs`` and the retention action of its
+    KV-hint envelope (``Request.kv_hints``, or the one an HTTP body carried in
+    ``vllm_xargs``; :func:`enginehook.hints.request_hints`). Bad hints are logged and
+    ignored, never fatal to the request (the HTTP middleware refuses them with a 400
+    before they get here)."""
     try:
         params = request.sampling_params
-        return Hints.from_extra_args(params.extra_args if params is not None else None)
+        extra = params.extra_args if params is not None else None
+        return request_hints(extra, getattr(request, "kv_hints", None))
     except ValueError as exc:
         logger.warning("request %s: ignoring hints: %s", request.request_id, exc)
         return Hints()
@@ -150,14 +154,15 @@ def finished_turn(
     blocks now, i.e. no KV connector still reads them)."""
     assert request.session_id is not None
     hints: Hints = getattr(request, HINTS_ATTR, None) or Hints()
-    call = None if hints.last_turn else detect_tool_call(text(request), hint=hints.tool)
+    ends = hints.last_turn or hints.release  # a released session ends with this turn
+    call = None if ends else detect_tool_call(text(request), hint=hints.tool)
     return FinishedTurn(
         request.session_id,
         call.name if call is not None else None,
         hints.tool_args or (call.arguments if call is not None else None),
         context_tokens=request.num_tokens,
         tenant=tenant,
-        last_turn=hints.last_turn,
+        last_turn=ends,
         pin=hints.pin and can_free,
         offloaded_tokens=cpu_tier.offloaded_tokens(
             request.num_prompt_tokens, request.num_tokens, block_size
@@ -165,4 +170,5 @@ def finished_turn(
         service_s=now - getattr(request, ADMITTED_ATTR, now),
         output_tokens=request.num_output_tokens,
         ttl_s=hints.pin_ttl_s,
+        ttl_ceiling_s=hints.pin_ttl_max_s,
     )

@@ -10,7 +10,8 @@ mixin is an adapter: it hosts the engine-independent
 :class:`enginehook.lifecycle.PinController` (the object the simulator hosts too) and routes
 vLLM's narrow hooks to it:
 
-- ``add_request``: program id from ``session_id``, hints from ``vllm_xargs``, arrival;
+- ``add_request``: program id from ``session_id``, hints from ``vllm_xargs`` and the
+  KV-hint envelope, arrival; a ``release`` hint closes the session (its pin goes now);
 - ``schedule``: expire pins first, order the waiting queue by the controller's key, then
   hand each admitted request's pin over to its prefix hit;
 - ``_free_blocks``: a finished turn that ends in a tool call may be pinned;
@@ -44,6 +45,7 @@ from enginehook.requests import (
     read_hints,
 )
 from enginehook.services import HookServices
+from enginehook.tracker import CacheSeen
 
 __all__ = ["CacheTTLAsyncScheduler", "CacheTTLMixin", "CacheTTLScheduler", "ProgramRequestQueue"]
 
@@ -64,6 +66,7 @@ class CacheTTLMixin:
     kv_cache_manager: Any
     cache_config: Any
     block_size: int
+    hash_block_size: int
     waiting: Any
     kv_holding_waiting: Any
     running: list[Request]
@@ -133,7 +136,8 @@ class CacheTTLMixin:
 
     # -- vLLM's hooks ------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        setattr(request, HINTS_ATTR, read_hints(request))
+        hints = read_hints(request)
+        setattr(request, HINTS_ATTR, hints)
         if request.session_id and self.active:
             now, tenant = self.clock(), self.cachettl.tenant
             self.controller.arrived(
@@ -143,6 +147,8 @@ class CacheTTLMixin:
                 tenant,
                 prompt_tokens=request.num_prompt_tokens,
             )
+            if hints.release:  # the session closes: its pin goes now, not at admission
+                self.controller.close(request.session_id)
         super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
@@ -161,8 +167,17 @@ class CacheTTLMixin:
             request = self.requests.get(new.req_id)
             if request is not None and request.session_id:
                 setattr(request, ADMITTED_ATTR, now)
-                if self.controller.admitted(request.session_id, now) is not None:
+                seen = CacheSeen(
+                    new.num_computed_tokens,
+                    request.num_prompt_tokens,
+                    request.block_hashes,
+                    self.hash_block_size,
+                )
+                pin, turn = self.controller.admit(request.session_id, now, seen)
+                if pin is not None:
                     self.metrics.hit(new.num_computed_tokens)
+                if turn is not None:
+                    self.metrics.returned(turn.cache)
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + _HOUSEKEEPING_S
             self.controller.forget_idle(now, self.cachettl.idle_program_s)
@@ -200,6 +215,9 @@ class CacheTTLMixin:
             now=now,
         )
         finish = self.controller.finished(turn, now, lambda: self._take_blocks(request))
+        # The turn's cached prefix, for the divergence check of the program's next turn.
+        cached = request.block_hashes[: request.num_computed_tokens // self.hash_block_size]
+        self.controller.tracker(self.cachettl.tenant).keep_prefix(request.session_id, cached)
         if not finish.took:
             super()._free_blocks(request)  # type: ignore[misc]
             return

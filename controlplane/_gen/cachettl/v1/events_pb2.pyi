@@ -18,14 +18,46 @@ class PinOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PIN_OUTCOME_EXPIRED: _ClassVar[PinOutcome]
     PIN_OUTCOME_RELEASED_UNDER_PRESSURE: _ClassVar[PinOutcome]
     PIN_OUTCOME_NOT_PINNED: _ClassVar[PinOutcome]
+
+class MissReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MISS_REASON_UNSPECIFIED: _ClassVar[MissReason]
+    MISS_REASON_HIT: _ClassVar[MissReason]
+    MISS_REASON_PREFIX_CACHE: _ClassVar[MissReason]
+    MISS_REASON_NOT_PINNED: _ClassVar[MissReason]
+    MISS_REASON_EXPIRED: _ClassVar[MissReason]
+    MISS_REASON_RELEASED_UNDER_PRESSURE: _ClassVar[MissReason]
+    MISS_REASON_EVICTED: _ClassVar[MissReason]
+    MISS_REASON_DIVERGED: _ClassVar[MissReason]
+
+class NotPinnedCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NOT_PINNED_CAUSE_UNSPECIFIED: _ClassVar[NotPinnedCause]
+    NOT_PINNED_CAUSE_NO_TOOL: _ClassVar[NotPinnedCause]
+    NOT_PINNED_CAUSE_CLIENT: _ClassVar[NotPinnedCause]
+    NOT_PINNED_CAUSE_TTL_ZERO: _ClassVar[NotPinnedCause]
+    NOT_PINNED_CAUSE_BUDGET: _ClassVar[NotPinnedCause]
 PIN_OUTCOME_UNSPECIFIED: PinOutcome
 PIN_OUTCOME_HIT: PinOutcome
 PIN_OUTCOME_EXPIRED: PinOutcome
 PIN_OUTCOME_RELEASED_UNDER_PRESSURE: PinOutcome
 PIN_OUTCOME_NOT_PINNED: PinOutcome
+MISS_REASON_UNSPECIFIED: MissReason
+MISS_REASON_HIT: MissReason
+MISS_REASON_PREFIX_CACHE: MissReason
+MISS_REASON_NOT_PINNED: MissReason
+MISS_REASON_EXPIRED: MissReason
+MISS_REASON_RELEASED_UNDER_PRESSURE: MissReason
+MISS_REASON_EVICTED: MissReason
+MISS_REASON_DIVERGED: MissReason
+NOT_PINNED_CAUSE_UNSPECIFIED: NotPinnedCause
+NOT_PINNED_CAUSE_NO_TOOL: NotPinnedCause
+NOT_PINNED_CAUSE_CLIENT: NotPinnedCause
+NOT_PINNED_CAUSE_TTL_ZERO: NotPinnedCause
+NOT_PINNED_CAUSE_BUDGET: NotPinnedCause
 
 class ToolCallEvent(_message.Message):
-    __slots__ = ("event_id", "program_id", "tool_name", "tool_args", "duration", "finished_at", "turn_index", "chosen_ttl", "pin_outcome", "admission_delay")
+    __slots__ = ("event_id", "program_id", "tool_name", "tool_args", "duration", "finished_at", "turn_index", "chosen_ttl", "pin_outcome", "admission_delay", "miss_reason", "not_pinned_cause", "expired_by", "diverged_at_token", "hit_tokens", "reusable_tokens")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +68,12 @@ class ToolCallEvent(_message.Message):
     CHOSEN_TTL_FIELD_NUMBER: _ClassVar[int]
     PIN_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_DELAY_FIELD_NUMBER: _ClassVar[int]
+    MISS_REASON_FIELD_NUMBER: _ClassVar[int]
+    NOT_PINNED_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_BY_FIELD_NUMBER: _ClassVar[int]
+    DIVERGED_AT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     program_id: str
     tool_name: str
@@ -46,7 +84,13 @@ class ToolCallEvent(_message.Message):
     chosen_ttl: _duration_pb2.Duration
     pin_outcome: PinOutcome
     admission_delay: _duration_pb2.Duration
-    def __init__(self, event_id: _Optional[str] = ..., program_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., tool_args: _Optional[str] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., turn_index: _Optional[int] = ..., chosen_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pin_outcome: _Optional[_Union[PinOutcome, str]] = ..., admission_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    miss_reason: MissReason
+    not_pinned_cause: NotPinnedCause
+    expired_by: _duration_pb2.Duration
+    diverged_at_token: int
+    hit_tokens: int
+    reusable_tokens: int
+    def __init__(self, event_id: _Optional[str] = ..., program_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., tool_args: _Optional[str] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., turn_index: _Optional[int] = ..., chosen_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pin_outcome: _Optional[_Union[PinOutcome, str]] = ..., admission_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., miss_reason: _Optional[_Union[MissReason, str]] = ..., not_pinned_cause: _Optional[_Union[NotPinnedCause, str]] = ..., expired_by: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., diverged_at_token: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., reusable_tokens: _Optional[int] = ...) -> None: ...
 
 class RecordToolCallsRequest(_message.Message):
     __slots__ = ("events",)

@@ -1,6 +1,8 @@
 import datetime
 
+from . import events_pb2 as _events_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -84,7 +86,7 @@ class CdfPoint(_message.Message):
     def __init__(self, duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., probability: _Optional[float] = ...) -> None: ...
 
 class GetToolDistributionResponse(_message.Message):
-    __slots__ = ("tool_name", "signature", "basis", "sample_count", "seen_count", "drift_epoch", "quantiles", "cdf", "pins", "model_version")
+    __slots__ = ("tool_name", "signature", "basis", "sample_count", "seen_count", "drift_epoch", "quantiles", "cdf", "pins", "model_version", "misses")
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     BASIS_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +97,7 @@ class GetToolDistributionResponse(_message.Message):
     CDF_FIELD_NUMBER: _ClassVar[int]
     PINS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
     tool_name: str
     signature: str
     basis: str
@@ -105,7 +108,78 @@ class GetToolDistributionResponse(_message.Message):
     cdf: _containers.RepeatedCompositeFieldContainer[CdfPoint]
     pins: PinStats
     model_version: int
-    def __init__(self, tool_name: _Optional[str] = ..., signature: _Optional[str] = ..., basis: _Optional[str] = ..., sample_count: _Optional[int] = ..., seen_count: _Optional[int] = ..., drift_epoch: _Optional[int] = ..., quantiles: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ..., cdf: _Optional[_Iterable[_Union[CdfPoint, _Mapping]]] = ..., pins: _Optional[_Union[PinStats, _Mapping]] = ..., model_version: _Optional[int] = ...) -> None: ...
+    misses: MissStats
+    def __init__(self, tool_name: _Optional[str] = ..., signature: _Optional[str] = ..., basis: _Optional[str] = ..., sample_count: _Optional[int] = ..., seen_count: _Optional[int] = ..., drift_epoch: _Optional[int] = ..., quantiles: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ..., cdf: _Optional[_Iterable[_Union[CdfPoint, _Mapping]]] = ..., pins: _Optional[_Union[PinStats, _Mapping]] = ..., model_version: _Optional[int] = ..., misses: _Optional[_Union[MissStats, _Mapping]] = ...) -> None: ...
+
+class ReasonCount(_message.Message):
+    __slots__ = ("reason", "count")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    reason: _events_pb2.MissReason
+    count: int
+    def __init__(self, reason: _Optional[_Union[_events_pb2.MissReason, str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class MissStats(_message.Message):
+    __slots__ = ("returning", "missed", "reasons", "expired_by")
+    RETURNING_FIELD_NUMBER: _ClassVar[int]
+    MISSED_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_BY_FIELD_NUMBER: _ClassVar[int]
+    returning: int
+    missed: int
+    reasons: _containers.RepeatedCompositeFieldContainer[ReasonCount]
+    expired_by: _containers.RepeatedCompositeFieldContainer[Quantile]
+    def __init__(self, returning: _Optional[int] = ..., missed: _Optional[int] = ..., reasons: _Optional[_Iterable[_Union[ReasonCount, _Mapping]]] = ..., expired_by: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ...) -> None: ...
+
+class ListMissesRequest(_message.Message):
+    __slots__ = ("tool_name", "program_id", "reason", "limit")
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    tool_name: str
+    program_id: str
+    reason: _events_pb2.MissReason
+    limit: int
+    def __init__(self, tool_name: _Optional[str] = ..., program_id: _Optional[str] = ..., reason: _Optional[_Union[_events_pb2.MissReason, str]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class MissedTurn(_message.Message):
+    __slots__ = ("event_id", "program_id", "tool_name", "turn_index", "finished_at", "reason", "not_pinned_cause", "chosen_ttl", "duration", "expired_by", "diverged_at_token", "hit_tokens", "reusable_tokens")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    TURN_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NOT_PINNED_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    CHOSEN_TTL_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_BY_FIELD_NUMBER: _ClassVar[int]
+    DIVERGED_AT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    program_id: str
+    tool_name: str
+    turn_index: int
+    finished_at: _timestamp_pb2.Timestamp
+    reason: _events_pb2.MissReason
+    not_pinned_cause: _events_pb2.NotPinnedCause
+    chosen_ttl: _duration_pb2.Duration
+    duration: _duration_pb2.Duration
+    expired_by: _duration_pb2.Duration
+    diverged_at_token: int
+    hit_tokens: int
+    reusable_tokens: int
+    def __init__(self, event_id: _Optional[str] = ..., program_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., turn_index: _Optional[int] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[_Union[_events_pb2.MissReason, str]] = ..., not_pinned_cause: _Optional[_Union[_events_pb2.NotPinnedCause, str]] = ..., chosen_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., expired_by: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., diverged_at_token: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., reusable_tokens: _Optional[int] = ...) -> None: ...
+
+class ListMissesResponse(_message.Message):
+    __slots__ = ("turns", "summary")
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    turns: _containers.RepeatedCompositeFieldContainer[MissedTurn]
+    summary: MissStats
+    def __init__(self, turns: _Optional[_Iterable[_Union[MissedTurn, _Mapping]]] = ..., summary: _Optional[_Union[MissStats, _Mapping]] = ...) -> None: ...
 
 class GetWorkloadStatsRequest(_message.Message):
     __slots__ = ()

@@ -50,6 +50,11 @@ class InspectServiceStub:
                 request_serializer=cachettl_dot_v1_dot_inspect__pb2.GetWorkloadStatsRequest.SerializeToString,
                 response_deserializer=cachettl_dot_v1_dot_inspect__pb2.GetWorkloadStatsResponse.FromString,
                 _registered_method=True)
+        self.ListMisses = channel.unary_unary(
+                '/cachettl.v1.InspectService/ListMisses',
+                request_serializer=cachettl_dot_v1_dot_inspect__pb2.ListMissesRequest.SerializeToString,
+                response_deserializer=cachettl_dot_v1_dot_inspect__pb2.ListMissesResponse.FromString,
+                _registered_method=True)
 
 
 class InspectServiceServicer:
@@ -77,6 +82,14 @@ class InspectServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMisses(self, request, context):
+        """Recent returning turns that missed their previous turn's cache, newest first, and
+        returning turns by reason.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InspectServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +107,11 @@ def add_InspectServiceServicer_to_server(servicer, server):
                     servicer.GetWorkloadStats,
                     request_deserializer=cachettl_dot_v1_dot_inspect__pb2.GetWorkloadStatsRequest.FromString,
                     response_serializer=cachettl_dot_v1_dot_inspect__pb2.GetWorkloadStatsResponse.SerializeToString,
+            ),
+            'ListMisses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMisses,
+                    request_deserializer=cachettl_dot_v1_dot_inspect__pb2.ListMissesRequest.FromString,
+                    response_serializer=cachettl_dot_v1_dot_inspect__pb2.ListMissesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +196,33 @@ class InspectService:
             '/cachettl.v1.InspectService/GetWorkloadStats',
             cachettl_dot_v1_dot_inspect__pb2.GetWorkloadStatsRequest.SerializeToString,
             cachettl_dot_v1_dot_inspect__pb2.GetWorkloadStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMisses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cachettl.v1.InspectService/ListMisses',
+            cachettl_dot_v1_dot_inspect__pb2.ListMissesRequest.SerializeToString,
+            cachettl_dot_v1_dot_inspect__pb2.ListMissesResponse.FromString,
             options,
             channel_credentials,
             insecure,

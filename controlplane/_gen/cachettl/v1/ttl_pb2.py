@@ -23,19 +23,24 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63\x61\x63hettl/v1/ttl.proto\x12\x0b\x63\x61\x63hettl.v1\x1a\x1egoogle/protobuf/duration.proto\"\xf9\x02\n\x10\x44\x65\x63ideTtlRequest\x12\x12\n\nprogram_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x11\n\ttool_args\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontext_tokens\x18\x04 \x01(\x04\x12.\n\x0breload_cost\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0bqueue_delay\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cturns_served\x18\x07 \x01(\r\x12\x0f\n\x07offload\x18\x08 \x01(\x08\x12\x1b\n\x0ewaiting_tokens\x18\t \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x0b\x66ree_tokens\x18\n \x01(\x04H\x01\x88\x01\x01\x12\x1d\n\x10offloaded_tokens\x18\x0b \x01(\x04H\x02\x88\x01\x01\x42\x11\n\x0f_waiting_tokensB\x0e\n\x0c_free_tokensB\x13\n\x11_offloaded_tokens\"\xde\x01\n\x11\x44\x65\x63ideTtlResponse\x12&\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12return_probability\x18\x02 \x01(\x01\x12\x33\n\x10\x65xpected_benefit\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x62\x61sis\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\x04\x12*\n\x07\x62\x65nefit\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration2X\n\nTtlService\x12J\n\tDecideTtl\x12\x1d.cachettl.v1.DecideTtlRequest\x1a\x1e.cachettl.v1.DecideTtlResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63\x61\x63hettl/v1/ttl.proto\x12\x0b\x63\x61\x63hettl.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xf9\x02\n\x10\x44\x65\x63ideTtlRequest\x12\x12\n\nprogram_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x11\n\ttool_args\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontext_tokens\x18\x04 \x01(\x04\x12.\n\x0breload_cost\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0bqueue_delay\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cturns_served\x18\x07 \x01(\r\x12\x0f\n\x07offload\x18\x08 \x01(\x08\x12\x1b\n\x0ewaiting_tokens\x18\t \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x0b\x66ree_tokens\x18\n \x01(\x04H\x01\x88\x01\x01\x12\x1d\n\x10offloaded_tokens\x18\x0b \x01(\x04H\x02\x88\x01\x01\x42\x11\n\x0f_waiting_tokensB\x0e\n\x0c_free_tokensB\x13\n\x11_offloaded_tokens\"\x8e\x02\n\x11\x44\x65\x63ideTtlResponse\x12&\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12return_probability\x18\x02 \x01(\x01\x12\x33\n\x10\x65xpected_benefit\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05\x62\x61sis\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\x04\x12*\n\x07\x62\x65nefit\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x08kv_hints\x18\x07 \x01(\x0b\x32\x1c.cachettl.v1.KvHintsEnvelope\"k\n\x0fKvHintsEnvelope\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12*\n\x07\x61\x63tions\x18\x03 \x03(\x0b\x32\x19.cachettl.v1.KvHintAction\"x\n\x0cKvHintAction\x12\x11\n\taction_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61\x63tion_type\x18\x02 \x01(\t\x12\x16\n\x0e\x61\x63tion_version\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct2X\n\nTtlService\x12J\n\tDecideTtl\x12\x1d.cachettl.v1.DecideTtlRequest\x1a\x1e.cachettl.v1.DecideTtlResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cachettl.v1.ttl_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DECIDETTLREQUEST']._serialized_start=71
-  _globals['_DECIDETTLREQUEST']._serialized_end=448
-  _globals['_DECIDETTLRESPONSE']._serialized_start=451
-  _globals['_DECIDETTLRESPONSE']._serialized_end=673
-  _globals['_TTLSERVICE']._serialized_start=675
-  _globals['_TTLSERVICE']._serialized_end=763
+  _globals['_DECIDETTLREQUEST']._serialized_start=101
+  _globals['_DECIDETTLREQUEST']._serialized_end=478
+  _globals['_DECIDETTLRESPONSE']._serialized_start=481
+  _globals['_DECIDETTLRESPONSE']._serialized_end=751
+  _globals['_KVHINTSENVELOPE']._serialized_start=753
+  _globals['_KVHINTSENVELOPE']._serialized_end=860
+  _globals['_KVHINTACTION']._serialized_start=862
+  _globals['_KVHINTACTION']._serialized_end=982
+  _globals['_TTLSERVICE']._serialized_start=984
+  _globals['_TTLSERVICE']._serialized_end=1072
 # @@protoc_insertion_point(module_scope)
