@@ -285,7 +285,10 @@ class ControlPlaneClient:
     ) -> inspect_pb2.ListMissesResponse:
         """Recent missed turns, newest first, and the summary by reason (``ListMisses``)."""
         request = inspect_pb2.ListMissesRequest(
-            tool_name=tool_name, program_id=program_id, reason=int(reason), limit=limit
+            tool_name=tool_name,
+            program_id=program_id,
+            reason=int(reason),  # type: ignore[arg-type]
+            limit=limit,
         )
         return self._inspect.ListMisses(request, **self._kw())  # type: ignore[no-any-return]
 

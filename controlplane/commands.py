@@ -1,8 +1,9 @@
 """`cachettl` subcommands of this package (registered by `controlplane.cli`).
 
-``serve``, ``db upgrade``, ``tenants create|list|revoke``, ``tools list|show`` and
-``bench controlplane``. Inspection commands read the database directly (the same code the
-server's InspectService runs), so they work with or without a running server.
+``serve``, ``db upgrade``, ``tenants create|list|revoke``, ``tools list|show``,
+``misses`` and ``bench controlplane``. Inspection commands read the database directly
+(the same code the server's InspectService runs), so they work with or without a running
+server.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def register(commands: _SubParsers, bench: _SubParsers) -> None:
     _register_db(commands)
     _register_tenants(commands)
     _register_tools(commands)
+    _register_misses(commands)
     from controlplane.bench import register_bench
 
     register_bench(bench)
@@ -295,3 +297,30 @@ def _tools_handler(action: str) -> Any:
         return toolview.run(action, args, _db(args))
 
     return handler
+
+
+# -- misses -----------------------------------------------------------------------------
+
+
+def _register_misses(commands: _SubParsers) -> None:
+    p = commands.add_parser(
+        "misses", help="recent turns that missed their previous turn's cache, and why"
+    )
+    _add_db(p)
+    p.add_argument("--tenant", default="default", help="tenant name")
+    p.add_argument("--tool", default=None, help="only this tool's turns")
+    p.add_argument("--session", default=None, metavar="PROGRAM", help="only this program's")
+    p.add_argument(
+        "--reason",
+        default=None,
+        help="only this reason: not_pinned, expired, released_under_pressure, evicted, diverged",
+    )
+    p.add_argument("--limit", type=int, default=50, help="turns to list, newest first (1..1000)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_misses)
+
+
+def _misses(args: argparse.Namespace) -> int:
+    from controlplane import missview
+
+    return missview.run(args, _db(args))

@@ -7,16 +7,22 @@ sharing tenant's snapshot only as published, k-anonymous, quantised aggregates
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from controlplane.records import MISSES, MissQuery, MissReason, ToolCall
 from controlplane.state import ModelState, PinCounts
+from controlplane.store import Store
 from estimator import DurationModel, Level
 
 __all__ = [
+    "EXPIRED_BY_SAMPLES",
     "DistributionView",
+    "MissStats",
+    "MissesView",
     "ModelKey",
     "ModelView",
     "SnapshotView",
@@ -24,6 +30,8 @@ __all__ = [
     "WorkloadView",
     "distribution",
     "list_tools",
+    "miss_stats",
+    "misses",
     "model_view",
     "snapshot",
     "snapshot_keys",
@@ -36,6 +44,34 @@ SNAPSHOT_MAX_POINTS = 512
 QUANTILES = (0.5, 0.9, 0.99)
 #: A model of a snapshot: (level, tool, signature).
 ModelKey = tuple[Level, str, str]
+#: Newest expired turns whose expired-by quantiles are shown.
+EXPIRED_BY_SAMPLES = 10_000
+
+
+@dataclass(frozen=True)
+class MissStats:
+    """Returning turns by reason (enum order, only reasons with turns) and the
+    expired-by quantiles ``(q, seconds)`` of the newest expired ones."""
+
+    reasons: dict[MissReason, int]
+    expired_by: list[tuple[float, float]]
+
+    @property
+    def returning(self) -> int:
+        return sum(self.reasons.values())
+
+    @property
+    def missed(self) -> int:
+        return sum(n for r, n in self.reasons.items() if r in MISSES)
+
+
+@dataclass(frozen=True)
+class MissesView:
+    """The newest missed turns matching a query (their tool calls) and the summary by
+    reason under the same tool and program filters."""
+
+    turns: list[ToolCall]
+    summary: MissStats
 
 
 @dataclass(frozen=True)
@@ -157,6 +193,33 @@ def distribution(
         state.pin_counts(tenant, tool),
         [float(x) for x in samples],
     )
+
+
+def _nearest_rank(values: list[float], q: float) -> float:
+    """The q-quantile of ``values`` (sorted), nearest rank: the smallest value with at
+    least q of the values at or below it."""
+    return values[max(0, math.ceil(q * len(values)) - 1)]
+
+
+def miss_stats(
+    store: Store, tenant: str, tool: str | None = None, program: str | None = None
+) -> MissStats:
+    """The tenant's returning turns by reason (of one tool and program when given).
+
+    >>> from controlplane.memory_store import MemoryStore
+    >>> miss_stats(MemoryStore(), "acme")
+    MissStats(reasons={}, expired_by=[])
+    """
+    counts = store.miss_counts(tenant, tool, program)
+    late = sorted(store.expired_by(tenant, tool, program, EXPIRED_BY_SAMPLES))
+    quantiles = [(q, _nearest_rank(late, q)) for q in QUANTILES] if late else []
+    return MissStats({r: counts[r] for r in MissReason if r in counts}, quantiles)
+
+
+def misses(store: Store, tenant: str, query: MissQuery) -> MissesView:
+    """The newest missed turns matching ``query`` and the summary by reason."""
+    turns = [row.call for row in store.list_misses(tenant, query)]
+    return MissesView(turns, miss_stats(store, tenant, query.tool, query.program))
 
 
 def workload(state: ModelState, tenant: str) -> WorkloadView:

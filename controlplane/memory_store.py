@@ -9,6 +9,8 @@ from dataclasses import replace
 from controlplane.errors import TenantExistsError, TenantNotFoundError
 from controlplane.records import (
     AppendResult,
+    MissQuery,
+    MissReason,
     ProgramEnd,
     SnapshotRecord,
     StoredProgramEnd,
@@ -105,6 +107,42 @@ class MemoryStore(Store):
     def count_tool_calls(self, tenant: str | None = None) -> int:
         with self._lock:
             return sum(1 for r in self._calls if tenant is None or r.tenant == tenant)
+
+    def _turns(self, tenant: str, tool: str | None, program: str | None) -> list[StoredToolCall]:
+        """The tenant's calls (of the tool and program when given), newest first."""
+        with self._lock:
+            rows = list(self._calls)
+        return [
+            r
+            for r in reversed(rows)
+            if r.tenant == tenant
+            and (tool is None or r.call.tool_name == tool)
+            and (program is None or r.call.program_id == program)
+        ]
+
+    def list_misses(self, tenant: str, query: MissQuery) -> list[StoredToolCall]:
+        rows = self._turns(tenant, query.tool, query.program)
+        return [r for r in rows if r.call.cache.reason in query.reasons][: query.limit]
+
+    def miss_counts(
+        self, tenant: str, tool: str | None = None, program: str | None = None
+    ) -> dict[MissReason, int]:
+        counts: dict[MissReason, int] = {}
+        for r in self._turns(tenant, tool, program):
+            reason = r.call.cache.reason
+            if reason is not MissReason.UNSPECIFIED:
+                counts[reason] = counts.get(reason, 0) + 1
+        return counts
+
+    def expired_by(
+        self, tenant: str, tool: str | None = None, program: str | None = None, limit: int = 10_000
+    ) -> list[float]:
+        values = [
+            r.call.cache.expired_by_s
+            for r in self._turns(tenant, tool, program)
+            if r.call.cache.reason is MissReason.EXPIRED and r.call.cache.expired_by_s is not None
+        ]
+        return values[:limit]
 
     def save_snapshot(self, snapshot: SnapshotRecord) -> None:
         with self._lock:

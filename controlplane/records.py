@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Self
 
 __all__ = [
     "LIMITS",
+    "MISSES",
     "AppendResult",
     "Limits",
+    "MissQuery",
+    "MissReason",
+    "NotPinnedCause",
     "PinOutcome",
     "ProgramEnd",
     "SnapshotRecord",
@@ -16,6 +21,7 @@ __all__ = [
     "StoredToolCall",
     "Tenant",
     "ToolCall",
+    "TurnCache",
 ]
 
 
@@ -33,6 +39,7 @@ class Limits:
     context_tokens: int = 1_000_000_000
     cdf_points: int = 1000
     max_duration_s: float = 24 * 3600.0
+    misses_listed: int = 1000
 
 
 LIMITS = Limits()
@@ -99,6 +106,122 @@ _QUEUE_DELAY_OUTCOMES = frozenset(
 _LEGACY_LABELS = {"pressure": "released_under_pressure", "other": "unspecified"}
 
 
+class _Labelled(IntEnum):
+    """An enum of the wire whose JSON form is its lower-case name."""
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, value: int | str) -> Self:
+        """A member from its number or label; the error names the valid labels."""
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                valid = ", ".join(m.label for m in cls)
+                raise ValueError(f"unknown {cls.__name__} {value!r}; valid: {valid}") from None
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown {cls.__name__} number {value!r}") from None
+
+
+class MissReason(_Labelled):
+    """Whether a returning turn (the one after a tool call) found its previous turn's KV
+    cache and, when it did not, why: one reason per returning turn, the first that applies.
+
+    With what the engine saw at admission (hit tokens, the reusable prefix: the tokens of
+    the returning prompt that the previous turn's cached blocks could serve, block-exact):
+
+    1. ``DIVERGED``: the prompt differs from the previous turn's cached prefix at token k
+       (``diverged_at``) and the cache served all it could (pin held, or hit >= reusable):
+       no TTL can fix it;
+    2. ``HIT``: the pin was held and handed over, and the hit covered the reusable prefix;
+    3. ``EVICTED``: the pin was held but the hit fell short (blocks gone before the pin
+       took them), or no pin was held, the cache was lost and no pin outcome explains it;
+    4. ``PREFIX_CACHE``: no pin held, but the ordinary prefix cache still served the
+       reusable prefix (not a miss);
+    5. ``NOT_PINNED`` / ``EXPIRED`` / ``RELEASED_UNDER_PRESSURE``: no pin held and the
+       cache lost, because no pin was taken (``NotPinnedCause`` says why), its TTL lapsed
+       (``expired_by_s``), or it was released for memory.
+
+    ``UNSPECIFIED``: not reported (engines of earlier releases). Numbers are those of the
+    proto enum ``cachettl.v1.MissReason``.
+
+    >>> MissReason.parse("diverged"), MissReason.EXPIRED.missed, MissReason.HIT.missed
+    (<MissReason.DIVERGED: 7>, True, False)
+    """
+
+    UNSPECIFIED = 0
+    HIT = 1
+    PREFIX_CACHE = 2
+    NOT_PINNED = 3
+    EXPIRED = 4
+    RELEASED_UNDER_PRESSURE = 5
+    EVICTED = 6
+    DIVERGED = 7
+
+    @property
+    def missed(self) -> bool:
+        """Whether the turn missed its previous turn's cache (a reason other than a hit)."""
+        return self in MISSES
+
+
+#: The reasons of a miss (the returning turn recomputed what its previous turn had).
+MISSES = frozenset(
+    {
+        MissReason.NOT_PINNED,
+        MissReason.EXPIRED,
+        MissReason.RELEASED_UNDER_PRESSURE,
+        MissReason.EVICTED,
+        MissReason.DIVERGED,
+    }
+)
+
+
+class NotPinnedCause(_Labelled):
+    """Why no pin was taken after a turn (``MissReason.NOT_PINNED``): ``NO_TOOL``, no tool
+    call was detected (counted by the engine hook only: such a turn has no tool-call
+    event); ``CLIENT``, the client disabled pinning for the turn; ``TTL_ZERO``, the policy
+    chose τ = 0 (or none runs); ``BUDGET``, the pinned-memory budget refused the pin."""
+
+    UNSPECIFIED = 0
+    NO_TOOL = 1
+    CLIENT = 2
+    TTL_ZERO = 3
+    BUDGET = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCache:
+    """What a returning turn found of its previous turn's cache (``MissReason``), and the
+    details: how long after its pin's expiry it arrived (``expired_by_s``, seconds), the
+    token where its prompt diverged (``diverged_at``, the first token of the first
+    differing block), the tokens the cache served at admission (``hit_tokens``) and those
+    the previous turn's cache could have served (``reusable_tokens``). ``None``: not
+    observed."""
+
+    reason: MissReason = MissReason.UNSPECIFIED
+    not_pinned_cause: NotPinnedCause = NotPinnedCause.UNSPECIFIED
+    expired_by_s: float | None = None
+    diverged_at: int | None = None
+    hit_tokens: int | None = None
+    reusable_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MissQuery:
+    """Which returning turns to list: of ``tool`` and ``program`` (``None``: any), with a
+    reason in ``reasons`` (default: every miss reason), the newest ``limit``."""
+
+    tool: str | None = None
+    program: str | None = None
+    reasons: frozenset[MissReason] = MISSES
+    limit: int = 50
+
+
 @dataclass(frozen=True, slots=True)
 class Tenant:
     """A tenant; ``share``: its events feed the cross-tenant priors."""
@@ -124,6 +247,7 @@ class ToolCall:
     chosen_ttl_s: float | None = None
     pin_outcome: PinOutcome = PinOutcome.UNSPECIFIED
     admission_delay_s: float | None = None
+    cache: TurnCache = TurnCache()
 
 
 @dataclass(frozen=True, slots=True)

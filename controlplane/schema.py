@@ -28,7 +28,7 @@ from sqlalchemy import (
 __all__ = ["HEAD_REVISION", "metadata", "program_ends", "snapshots", "tenants", "tool_events"]
 
 #: The Alembic revision this code expects.
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"
 
 #: BIGINT on PostgreSQL; INTEGER (an alias of the rowid, so autoincrementing) on SQLite.
 _SEQ = BigInteger().with_variant(Integer(), "sqlite")
@@ -63,8 +63,17 @@ tool_events = Table(
     Column("chosen_ttl_s", Float, nullable=True),
     Column("pin_outcome", SmallInteger, nullable=False, server_default="0"),
     Column("admission_delay_s", Float, nullable=True),
+    # What the returning turn found of the cache (controlplane.records.TurnCache).
+    Column("miss_reason", SmallInteger, nullable=False, server_default="0"),
+    Column("not_pinned_cause", SmallInteger, nullable=False, server_default="0"),
+    Column("expired_by_s", Float, nullable=True),
+    Column("diverged_at", BigInteger, nullable=True),
+    Column("hit_tokens", BigInteger, nullable=True),
+    Column("reusable_tokens", BigInteger, nullable=True),
     UniqueConstraint("tenant_id", "event_id", name="uq_tool_events_tenant_event"),
     Index("ix_tool_events_tenant_tool", "tenant_id", "tool_name", "seq"),
+    Index("ix_tool_events_tenant_reason", "tenant_id", "miss_reason", "seq"),
+    Index("ix_tool_events_tenant_program", "tenant_id", "program_id", "seq"),
 )
 
 program_ends = Table(

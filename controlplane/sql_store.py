@@ -28,6 +28,9 @@ from controlplane.errors import (
 from controlplane.migrate import check_schema
 from controlplane.records import (
     AppendResult,
+    MissQuery,
+    MissReason,
+    NotPinnedCause,
     PinOutcome,
     ProgramEnd,
     SnapshotRecord,
@@ -35,6 +38,7 @@ from controlplane.records import (
     StoredToolCall,
     Tenant,
     ToolCall,
+    TurnCache,
 )
 from controlplane.schema import program_ends, snapshots, tenants, tool_events
 from controlplane.store import SNAPSHOTS_KEPT, Store
@@ -131,6 +135,12 @@ _COLUMNS = (
     "chosen_ttl_s",
     "pin_outcome",
     "admission_delay_s",
+    "miss_reason",
+    "not_pinned_cause",
+    "expired_by_s",
+    "diverged_at",
+    "hit_tokens",
+    "reusable_tokens",
 )
 _SQLITE_INSERT = (
     f"INSERT INTO tool_events ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
@@ -151,6 +161,12 @@ _ARRAY_COLUMNS = {
     "chosen_ttl_s": "FLOAT8",
     "pin_outcome": "SMALLINT",
     "admission_delay_s": "FLOAT8",
+    "miss_reason": "SMALLINT",
+    "not_pinned_cause": "SMALLINT",
+    "expired_by_s": "FLOAT8",
+    "diverged_at": "BIGINT",
+    "hit_tokens": "BIGINT",
+    "reusable_tokens": "BIGINT",
 }
 _PG_INSERT = (
     f"INSERT INTO tool_events (tenant_id, shared, received_at, {', '.join(_ARRAY_COLUMNS)}) "
@@ -190,6 +206,12 @@ def _call_row(tenant: Tenant, call: ToolCall, now: float) -> dict[str, Any]:
         "chosen_ttl_s": call.chosen_ttl_s,
         "pin_outcome": int(call.pin_outcome),
         "admission_delay_s": call.admission_delay_s,
+        "miss_reason": int(call.cache.reason),
+        "not_pinned_cause": int(call.cache.not_pinned_cause),
+        "expired_by_s": call.cache.expired_by_s,
+        "diverged_at": call.cache.diverged_at,
+        "hit_tokens": call.cache.hit_tokens,
+        "reusable_tokens": call.cache.reusable_tokens,
     }
 
 
@@ -205,8 +227,28 @@ def _stored_call(row: Any) -> StoredToolCall:
         row.chosen_ttl_s,
         PinOutcome(row.pin_outcome),
         row.admission_delay_s,
+        TurnCache(
+            MissReason(row.miss_reason),
+            NotPinnedCause(row.not_pinned_cause),
+            row.expired_by_s,
+            row.diverged_at,
+            row.hit_tokens,
+            row.reusable_tokens,
+        ),
     )
     return StoredToolCall(row.seq, row.name, bool(row.shared), call)
+
+
+def _of(query: Any, tenant: str, tool: str | None, program: str | None) -> Any:
+    """``query`` over ``tool_events`` restricted to one tenant's, tool's and program's."""
+    query = query.join(tenants, tenants.c.id == tool_events.c.tenant_id).where(
+        tenants.c.name == tenant
+    )
+    if tool is not None:
+        query = query.where(tool_events.c.tool_name == tool)
+    if program is not None:
+        query = query.where(tool_events.c.program_id == program)
+    return query
 
 
 class SqlStore(Store):
@@ -353,6 +395,42 @@ class SqlStore(Store):
             )
         with transaction(self.engine) as c:
             return int(c.execute(query).scalar_one())
+
+    # -- returning turns --------------------------------------------------------------
+
+    def list_misses(self, tenant: str, query: MissQuery) -> list[StoredToolCall]:
+        reasons = sorted(int(r) for r in query.reasons)
+        select_rows = select(tool_events, tenants.c.name).select_from(tool_events)
+        rows = (
+            _of(select_rows, tenant, query.tool, query.program)
+            .where(tool_events.c.miss_reason.in_(reasons))
+            .order_by(tool_events.c.seq.desc())
+            .limit(query.limit)
+        )
+        with transaction(self.engine) as c:
+            return [_stored_call(r) for r in c.execute(rows)]
+
+    def miss_counts(
+        self, tenant: str, tool: str | None = None, program: str | None = None
+    ) -> dict[MissReason, int]:
+        reason = tool_events.c.miss_reason
+        counts = select(reason, func.count()).select_from(tool_events)
+        query = _of(counts, tenant, tool, program).where(reason != 0).group_by(reason)
+        with transaction(self.engine) as c:
+            return {MissReason(r): int(n) for r, n in c.execute(query)}
+
+    def expired_by(
+        self, tenant: str, tool: str | None = None, program: str | None = None, limit: int = 10_000
+    ) -> list[float]:
+        column = tool_events.c.expired_by_s
+        query = (
+            _of(select(column).select_from(tool_events), tenant, tool, program)
+            .where(tool_events.c.miss_reason == int(MissReason.EXPIRED), column.is_not(None))
+            .order_by(tool_events.c.seq.desc())
+            .limit(limit)
+        )
+        with transaction(self.engine) as c:
+            return [float(x) for x in c.execute(query).scalars()]
 
     # -- snapshots --------------------------------------------------------------------
 

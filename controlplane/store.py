@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 from controlplane.records import (
     AppendResult,
+    MissQuery,
+    MissReason,
     ProgramEnd,
     SnapshotRecord,
     StoredProgramEnd,
@@ -99,6 +101,28 @@ class Store(ABC):
     @abstractmethod
     def count_tool_calls(self, tenant: str | None = None) -> int:
         """Committed tool calls (of one tenant, or all)."""
+
+    # -- returning turns --------------------------------------------------------------
+
+    @abstractmethod
+    def list_misses(self, tenant: str, query: MissQuery) -> list[StoredToolCall]:
+        """The tenant's committed tool calls whose returning turn's reason is in
+        ``query.reasons``, of ``query.tool`` and ``query.program`` when set, newest
+        (highest ``seq``) first, at most ``query.limit``."""
+
+    @abstractmethod
+    def miss_counts(
+        self, tenant: str, tool: str | None = None, program: str | None = None
+    ) -> dict[MissReason, int]:
+        """The tenant's returning turns by reason (those reporting one), of one tool and
+        one program when given; reasons without turns are absent."""
+
+    @abstractmethod
+    def expired_by(
+        self, tenant: str, tool: str | None = None, program: str | None = None, limit: int = 10_000
+    ) -> list[float]:
+        """``expired_by_s`` of the tenant's newest ``limit`` expired returning turns that
+        report it (of one tool and program when given), newest first."""
 
     # -- snapshots --------------------------------------------------------------------
 

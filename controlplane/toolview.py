@@ -1,4 +1,5 @@
-"""`cachettl tools list|show`: what the models learned, as text, JSON or a CDF plot."""
+"""`cachettl tools list|show`: what the models learned, as text, JSON or a CDF plot;
+`tools show` also counts the tool's returning turns by miss reason."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from controlplane.inspection import DistributionView, ToolView
+from controlplane.inspection import DistributionView, ToolView, miss_stats
 from controlplane.learning import NameLimits
 from controlplane.records import Tenant
 from controlplane.service import ControlPlane
@@ -101,13 +102,17 @@ def _show(plane: ControlPlane, tenant: Tenant, args: argparse.Namespace) -> int:
     if view is None:
         raise ValueError(f"TOOL: tenant {tenant.name!r} has no samples of tool {args.tool!r}")
     decisions = _decisions(plane, tenant, args.tool, args.args)
+    misses = miss_stats(plane.store, tenant.name, args.tool)
     if args.png is not None:
         _plot(view, decisions, args.png)
     if args.json:
+        from controlplane.missview import stats_record
+
         out = asdict(view)
         out.pop("sorted_samples_s")
         out["pins"]["hit_rate"] = view.pins.hit_rate
         out["decisions"] = decisions
+        out["misses"] = stats_record(misses)
         print(json.dumps(out, indent=2))
         return 0
     sig = f" [{printable(view.signature)}]" if view.signature else ""
@@ -123,6 +128,10 @@ def _show(plane: ControlPlane, tenant: Tenant, args: argparse.Namespace) -> int:
             f"    context {d['context_tokens']:>7} tokens: ttl {d['ttl_s']:.3f}s"
             f"  F={d['return_probability']:.2f}  B={d['benefit_s']:.3f}s  basis {d['basis']}"
         )
+    from controlplane.missview import print_miss_stats
+
+    print("  returning turns by miss reason (cachettl misses --tool lists them):")
+    print_miss_stats(misses, indent="    ")
     return 0
 
 

@@ -6,6 +6,8 @@ checked whole before anything is stored, so a rejected batch stores nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -13,13 +15,23 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, ttl_pb2
 from controlplane.errors import InvalidInputError
-from controlplane.records import LIMITS, Limits, PinOutcome, ProgramEnd, ToolCall
+from controlplane.records import (
+    LIMITS,
+    Limits,
+    MissReason,
+    NotPinnedCause,
+    PinOutcome,
+    ProgramEnd,
+    ToolCall,
+    TurnCache,
+)
 from estimator import RequestFacts
 
 __all__ = [
     "check_name",
     "decide_request",
     "distribution_request",
+    "misses_request",
     "program_end",
     "tool_calls",
 ]
@@ -100,7 +112,48 @@ def _tool_call(i: int, event: events_pb2.ToolCallEvent, limits: Limits) -> ToolC
             if event.HasField("admission_delay")
             else None
         ),
+        cache=_turn_cache(at, event, limits),
     )
+
+
+def _optional_count(at: str, event: events_pb2.ToolCallEvent, field: str) -> int | None:
+    if not event.HasField(field):
+        return None
+    return _tokens(f"{at}.{field}", getattr(event, field), LIMITS.context_tokens)
+
+
+def _turn_cache(at: str, event: events_pb2.ToolCallEvent, limits: Limits) -> TurnCache:
+    """The returning turn's cache report; every field optional, each checked."""
+    reason = _enum(f"{at}.miss_reason", event.miss_reason, MissReason)
+    cause = _enum(f"{at}.not_pinned_cause", event.not_pinned_cause, NotPinnedCause)
+    if cause is not NotPinnedCause.UNSPECIFIED and reason is not MissReason.NOT_PINNED:
+        raise InvalidInputError(
+            f"{at}.not_pinned_cause", f"only with miss_reason NOT_PINNED, got {reason.name}"
+        )
+    expired_by = None
+    if event.HasField("expired_by"):
+        if reason is not MissReason.EXPIRED:
+            raise InvalidInputError(
+                f"{at}.expired_by", f"only with miss_reason EXPIRED, got {reason.name}"
+            )
+        expired_by = duration_s(f"{at}.expired_by", event.expired_by, limits)
+    hit = _optional_count(at, event, "hit_tokens")
+    reusable = _optional_count(at, event, "reusable_tokens")
+    return TurnCache(
+        reason,
+        cause,
+        expired_by,
+        _optional_count(at, event, "diverged_at_token"),
+        hit,
+        reusable,
+    )
+
+
+def _enum(field: str, value: int, kind: type[MissReason] | type[NotPinnedCause]) -> Any:
+    if value not in kind._value2member_map_:
+        valid = ", ".join(f"{m.value} ({m.name})" for m in kind)
+        raise InvalidInputError(field, f"unknown value {value}; valid: {valid}")
+    return kind(value)
 
 
 def tool_calls(
@@ -186,3 +239,21 @@ def distribution_request(
             "cdf_points", f"must be at most {LIMITS.cdf_points}, got {request.cdf_points}"
         )
     return tool, args, request.cdf_points or 50
+
+
+def misses_request(
+    request: inspect_pb2.ListMissesRequest,
+) -> tuple[str | None, str | None, MissReason | None, int]:
+    """``(tool, program, reason, limit)`` of a ``ListMisses`` request (``None``: any)."""
+    check_known("request", request)
+    tool = check_name("tool_name", request.tool_name, "tool_name", required=False)
+    program = check_name("program_id", request.program_id, "program_id", required=False)
+    reason = _enum("reason", request.reason, MissReason)
+    if reason is not MissReason.UNSPECIFIED and not reason.missed:
+        raise InvalidInputError("reason", f"must be a miss reason, got {reason.name}")
+    if request.limit > LIMITS.misses_listed:
+        raise InvalidInputError(
+            "limit", f"must be at most {LIMITS.misses_listed}, got {request.limit}"
+        )
+    chosen = None if reason is MissReason.UNSPECIFIED else reason
+    return tool or None, program or None, chosen, request.limit or 50

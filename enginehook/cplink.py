@@ -65,7 +65,8 @@ class Transport(Protocol):
 def to_tool_call(event: ToolCallEvent) -> ToolCall:
     """The control plane's record of a hook's tool-call event (``RecordToolCalls``).
 
-    Every field travels but ``tenant`` (the server takes it from the token) and ``basis``.
+    Every field travels but ``tenant`` (the server takes it from the token) and ``basis``;
+    the returning turn's cache report (miss reason and details) too.
     The admission delay is sent whatever the outcome: the server, like the hook's own
     learner, counts it as a sample of T only when ``PinOutcome.feeds_queue_delay``.
     """
@@ -80,6 +81,7 @@ def to_tool_call(event: ToolCallEvent) -> ToolCall:
         chosen_ttl_s=event.ttl_s,
         pin_outcome=event.outcome,
         admission_delay_s=event.admission_delay_s,
+        cache=event.cache,
     )
 
 

@@ -1,14 +1,19 @@
 """The hook's counters: pins held, pinned blocks, hits on pinned prefixes, expiries,
-pressure releases, decisions by basis, and whether misses are priced as CPU reloads.
-Rendered as Prometheus text by :meth:`HookMetrics.prometheus` (served on the hook's own
-endpoint when configured).
+pressure releases, decisions by basis, returning turns and their misses by reason (with
+how long after its pin's expiry an expired turn came back), and whether misses are priced
+as CPU reloads. Rendered as Prometheus text by :meth:`HookMetrics.prometheus` (served on
+the hook's own endpoint when configured).
 
 >>> m = HookMetrics()
+>>> from controlplane.records import MissReason
 >>> m.decision("cold-start"); m.released("ttl"); m.set_gauges(pins=2, blocks=7)
 >>> m.snapshot()["expiries"], m.snapshot()["pinned_blocks"]
 (1, 7)
 >>> print(m.prometheus().splitlines()[0])
 # TYPE cachettl_pins_held gauge
+>>> m.returned(TurnCache(MissReason.EXPIRED, expired_by_s=3.0))
+>>> [l for l in m.prometheus().splitlines() if l.startswith("cachettl_turn_misses")]
+['cachettl_turn_misses_total{reason="expired",cause=""} 1']
 >>> m.set_cpu_tier(True, "OffloadingConnector")
 >>> print(m.prometheus().splitlines()[-1])
 cachettl_cpu_tier{connector="OffloadingConnector"} 1
@@ -16,11 +21,17 @@ cachettl_cpu_tier{connector="OffloadingConnector"} 1
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import Counter
 from typing import Any
 
-__all__ = ["HookMetrics"]
+from controlplane.records import NotPinnedCause, TurnCache
+
+__all__ = ["EXPIRED_BY_BUCKETS_S", "HookMetrics"]
+
+#: Upper bounds (seconds) of the expired-by histogram's buckets (then +Inf).
+EXPIRED_BY_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 
 class HookMetrics:
@@ -42,6 +53,11 @@ class HookMetrics:
         self.cpu_tier = False
         self.cpu_tier_connectors = ""
         self.passthrough = ""
+        #: Returning turns by reason; misses by (reason, not-pinned cause or "").
+        self.returning: Counter[str] = Counter()
+        self.misses: Counter[tuple[str, str]] = Counter()
+        self.expired_by_buckets = [0] * (len(EXPIRED_BY_BUCKETS_S) + 1)
+        self.expired_by_sum = 0.0
 
     def set_cpu_tier(self, on: bool, connectors: str = "") -> None:
         """Whether TTL decisions price a miss as a reload from a CPU tier, and the KV
@@ -74,6 +90,20 @@ class HookMetrics:
         with self._lock:
             self.pinned_prefix_hits += 1
             self.hit_tokens += cached_tokens
+
+    def returned(self, cache: TurnCache) -> None:
+        """A returning turn was admitted; ``cache``: what it found of its previous turn's."""
+        reason = cache.reason.label
+        with self._lock:
+            self.returning[reason] += 1
+            if cache.reason.missed:
+                cause = cache.not_pinned_cause
+                label = cause.label if cause is not NotPinnedCause.UNSPECIFIED else ""
+                self.misses[(reason, label)] += 1
+            if cache.expired_by_s is not None:
+                i = bisect.bisect_left(EXPIRED_BY_BUCKETS_S, cache.expired_by_s)
+                self.expired_by_buckets[i] += 1
+                self.expired_by_sum += cache.expired_by_s
 
     def released(self, reason: str) -> None:
         """A pin ended for ``reason`` (a :class:`~enginehook.pins.ReleaseReason` value)."""
@@ -112,6 +142,10 @@ class HookMetrics:
                 "cpu_tier": self.cpu_tier,
                 "cpu_tier_connectors": self.cpu_tier_connectors,
                 "passthrough": self.passthrough,
+                "returning_turns": dict(self.returning),
+                "turn_misses": {f"{r}/{c}" if c else r: n for (r, c), n in self.misses.items()},
+                "expired_by_buckets": list(self.expired_by_buckets),
+                "expired_by_sum_s": self.expired_by_sum,
                 "hook_us_per_schedule": (
                     1e6 * self.hook_seconds / self.schedule_calls if self.schedule_calls else 0.0
                 ),
@@ -140,6 +174,7 @@ class HookMetrics:
             f'cachettl_ttl_decisions_total{{basis="{b}"}} {n}'
             for b, n in sorted(s["decisions"].items())
         ]
+        lines += self._turn_lines(s)
         lines += [
             "# TYPE cachettl_cpu_tier gauge",
             f'cachettl_cpu_tier{{connector="{s["cpu_tier_connectors"]}"}} {int(s["cpu_tier"])}',
@@ -150,6 +185,30 @@ class HookMetrics:
                 f'cachettl_passthrough{{reason="{s["passthrough"]}"}} 1',
             ]
         return "\n".join(lines) + "\n"
+
+    def _turn_lines(self, s: dict[str, Any]) -> list[str]:
+        """Returning turns by reason, misses by reason and cause, and the expired-by
+        histogram (cumulative buckets, Prometheus style)."""
+        lines = ["# TYPE cachettl_returning_turns_total counter"]
+        lines += [
+            f'cachettl_returning_turns_total{{reason="{r}"}} {n}'
+            for r, n in sorted(s["returning_turns"].items())
+        ]
+        lines.append("# TYPE cachettl_turn_misses_total counter")
+        with self._lock:
+            misses = sorted(self.misses.items())
+        lines += [
+            f'cachettl_turn_misses_total{{reason="{r}",cause="{c}"}} {n}' for (r, c), n in misses
+        ]
+        lines.append("# TYPE cachettl_pin_expired_by_seconds histogram")
+        total = 0
+        bounds = [*(f"{b:g}" for b in EXPIRED_BY_BUCKETS_S), "+Inf"]
+        for bound, n in zip(bounds, s["expired_by_buckets"], strict=True):
+            total += n
+            lines.append(f'cachettl_pin_expired_by_seconds_bucket{{le="{bound}"}} {total}')
+        lines.append(f"cachettl_pin_expired_by_seconds_sum {s['expired_by_sum_s']}")
+        lines.append(f"cachettl_pin_expired_by_seconds_count {total}")
+        return lines
 
 
 def serve_metrics(metrics: HookMetrics, listen: str) -> tuple[Any, int]:

@@ -15,10 +15,24 @@ For each program the tracker follows one cycle per tool call::
   not pinned) the delay is a sample of T, the queueing delay of returning unpinned
   requests; the control plane applies the same rule to the same events.
 
-``admitted`` returns a :class:`ToolCallEvent` with all of that; ``program_end`` a
-:class:`ProgramEndEvent`. Event ids are ``<engine id>:<program>:<turn>`` (or ``:end``),
-unique per engine instance, so a receiver can drop duplicates. ``event_record`` /
-``event_from_record`` are the events' one JSON form (event log, spill files).
+- what the returning turn found of its previous turn's cache
+  (:class:`controlplane.records.TurnCache`: a :class:`~controlplane.records.MissReason`
+  and its details), from the pin's story and what the host saw at admission
+  (:class:`CacheSeen`: hit tokens, and either the returning request's block hashes, which
+  the tracker compares with the previous turn's, kept by :meth:`keep_prefix`, or the
+  reusable prefix the host knows). :func:`classify` applies the reasons' order.
+
+``returned`` gives a :class:`ReturningTurn` for every returning turn (also after a turn
+with no tool call, which has no event); ``admitted`` its :class:`ToolCallEvent` with all
+of the above; ``program_end`` a :class:`ProgramEndEvent`. Event ids are
+``<engine id>:<program>:<turn>`` (or ``:end``), unique per engine instance, so a receiver
+can drop duplicates. ``event_record`` / ``event_from_record`` are the events' one JSON
+form (event log, spill files).
+
+Memory: one pending entry per program between a turn and its return (``forget_idle``
+drops abandoned ones) and at most ``PREFIX_BLOCKS_KEPT`` kept block hashes in all; past
+it the oldest programs' prefixes are dropped (their returns are classified without a
+divergence check).
 
 >>> t = ToolCallTracker(engine_id="e1")
 >>> t.finished("p", 10.0, tool="bash", tool_args="ls", ttl_s=2.0, pinned=True)
@@ -31,26 +45,49 @@ unique per engine instance, so a receiver can drop duplicates. ``event_record`` 
 (False, True)
 >>> t.program_end("p", 20.0).total_turns
 1
+>>> t.finished("q", 0.0, tool="bash", ttl_s=1.0, pinned=True)
+0
+>>> t.keep_prefix("q", ["h0", "h1", "h2"])
+True
+>>> t.pin_released("q", ReleaseReason.TTL); t.arrived("q", 3.5)
+>>> seen = CacheSeen(hit_tokens=16, prompt_tokens=80, block_hashes=["h0", "x1", "x2"])
+>>> cache = t.returned("q", 3.6, pin_held=False, seen=seen).cache
+>>> cache.reason.label, cache.diverged_at, cache.hit_tokens, cache.reusable_tokens
+('diverged', 16, 16, 16)
+>>> round(cache.expired_by_s, 3)
+2.5
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from controlplane.records import PinOutcome
+from controlplane.records import MissReason, NotPinnedCause, PinOutcome, TurnCache
 from enginehook.pins import ReleaseReason
 
 __all__ = [
+    "PREFIX_BLOCKS_KEPT",
+    "CacheSeen",
+    "MissReason",
+    "NotPinnedCause",
     "PinOutcome",
     "ProgramEndEvent",
+    "ReturningTurn",
     "ToolCallEvent",
     "ToolCallTracker",
+    "TurnCache",
+    "classify",
+    "common_blocks",
     "event_from_record",
     "event_record",
     "outcome_of_release",
 ]
+
+#: Block hashes of previous turns a tracker keeps at most, all programs together (vLLM's
+#: are 32-byte digests: about 20 MB), for the divergence check of returning turns.
+PREFIX_BLOCKS_KEPT = 262_144
 
 _OF_RELEASE = {
     ReleaseReason.HIT: PinOutcome.HIT,
@@ -82,6 +119,8 @@ class ToolCallEvent:
     outcome: PinOutcome
     admission_delay_s: float
     basis: str = ""
+    #: What the returning turn found of this turn's cache (``UNSPECIFIED``: not observed).
+    cache: TurnCache = field(default_factory=TurnCache)
 
     @property
     def queue_delay_sample(self) -> bool:
@@ -100,16 +139,116 @@ class ProgramEndEvent:
     ended_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class CacheSeen:
+    """What the host saw when a returning turn was admitted: the tokens its prefix hit
+    served (``hit_tokens``; vLLM: ``num_computed_tokens`` at admission) out of
+    ``prompt_tokens``, and either the request's ``block_hashes`` (of ``block_size``
+    tokens each; compared with the previous turn's) or the ``reusable_tokens`` of its
+    prompt that the previous turn's cache could serve, when the host knows them (the
+    simulator, whose prompts always extend the previous context)."""
+
+    hit_tokens: int
+    prompt_tokens: int = 0
+    block_hashes: Sequence[object] | None = None
+    block_size: int = 16
+    reusable_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReturningTurn:
+    """A returning turn as the tracker saw it at admission; ``event`` is its tool call
+    (``None`` after a turn that called no tool)."""
+
+    program_id: str
+    cache: TurnCache
+    event: ToolCallEvent | None = None
+
+
 @dataclass(slots=True)
 class _Pending:
-    tool: str
+    tool: str | None
     tool_args: str | None
     finished_at: float
     turn_index: int
     ttl_s: float
     basis: str
     outcome: PinOutcome
+    not_pinned: NotPinnedCause = NotPinnedCause.UNSPECIFIED
     arrived_at: float | None = None
+
+
+def common_blocks(previous: Sequence[object], current: Sequence[object]) -> int:
+    """Leading blocks whose hashes are equal in both sequences.
+
+    >>> common_blocks("abc", "abxd"), common_blocks("ab", "abc"), common_blocks("", "a")
+    (2, 2, 0)
+    """
+    n = min(len(previous), len(current))
+    if list(previous[:n]) == list(current[:n]):  # the usual case, at C speed
+        return n
+    i = 0
+    while previous[i] == current[i]:
+        i += 1
+    return i
+
+
+def classify(outcome: PinOutcome, pin_held: bool, cache: TurnCache) -> MissReason:
+    """The returning turn's :class:`~controlplane.records.MissReason`, the first that
+    applies in the order that enum documents. ``outcome``: what the pin tracking says
+    (``HIT`` when it was still held); ``cache``: what the host saw (hit tokens, reusable
+    tokens, divergence; ``None`` fields: not observed, then only the pin's story counts).
+
+    >>> seen = TurnCache(hit_tokens=0, reusable_tokens=64)
+    >>> classify(PinOutcome.EXPIRED, False, seen).label
+    'expired'
+    >>> classify(PinOutcome.EXPIRED, False, replace(seen, hit_tokens=64)).label
+    'prefix_cache'
+    >>> classify(PinOutcome.HIT, True, replace(seen, hit_tokens=32)).label
+    'evicted'
+    >>> classify(PinOutcome.HIT, True, TurnCache(hit_tokens=32, reusable_tokens=32,
+    ...                                          diverged_at=32)).label
+    'diverged'
+    >>> classify(PinOutcome.NOT_PINNED, False, TurnCache()).label
+    'not_pinned'
+    """
+    hit, reusable = cache.hit_tokens, cache.reusable_tokens
+    if hit is None or reusable is None:
+        if pin_held:
+            return MissReason.HIT
+        return _REASON_OF.get(outcome, MissReason.UNSPECIFIED)
+    served = hit >= reusable
+    if cache.diverged_at is not None and (pin_held or served):
+        return MissReason.DIVERGED
+    if pin_held:
+        return MissReason.HIT if served else MissReason.EVICTED
+    if served:
+        return MissReason.PREFIX_CACHE
+    return _REASON_OF.get(outcome, MissReason.EVICTED)
+
+
+_REASON_OF = {
+    PinOutcome.NOT_PINNED: MissReason.NOT_PINNED,
+    PinOutcome.EXPIRED: MissReason.EXPIRED,
+    PinOutcome.RELEASED_UNDER_PRESSURE: MissReason.RELEASED_UNDER_PRESSURE,
+}
+
+
+def _compare(
+    previous: Sequence[object] | None, seen: CacheSeen | None
+) -> tuple[int | None, int | None, int | None]:
+    """``(hit tokens, reusable tokens, diverged-at token)`` from what the host saw and
+    the previous turn's kept block hashes (block-exact: k is the first token of the first
+    differing block; vLLM never serves a prompt's last token from cache)."""
+    if seen is None:
+        return None, None, None
+    if seen.block_hashes is None or previous is None:
+        return seen.hit_tokens, seen.reusable_tokens, None
+    size = seen.block_size
+    common = common_blocks(previous, seen.block_hashes)
+    reusable = min(common, max(0, (seen.prompt_tokens - 1) // size)) * size
+    diverged = common < min(len(previous), len(seen.block_hashes))
+    return seen.hit_tokens, reusable, common * size if diverged else None
 
 
 class ToolCallTracker:
@@ -122,6 +261,9 @@ class ToolCallTracker:
         self.tenant = tenant
         self._turns: dict[str, int] = {}
         self._pending: dict[str, _Pending] = {}
+        #: Previous turns' block hashes, oldest first, and how many they are in all.
+        self._prefixes: dict[str, Sequence[object]] = {}
+        self._prefix_blocks = 0
 
     def turns_served(self, program_id: str) -> int:
         """LLM calls of the program finished so far."""
@@ -137,17 +279,42 @@ class ToolCallTracker:
         ttl_s: float = 0.0,
         pinned: bool = False,
         basis: str = "",
+        not_pinned: NotPinnedCause = NotPinnedCause.TTL_ZERO,
     ) -> int:
         """A turn of the program finished; ``tool`` is the tool it called (``None``: no
-        tool call). Returns the turn's index (0-based)."""
+        tool call). ``not_pinned``: why no pin was taken, when ``pinned`` is false.
+        Returns the turn's index (0-based)."""
         turn = self._turns.get(program_id, 0)
         self._turns[program_id] = turn + 1
-        if tool is None:
-            self._pending.pop(program_id, None)
-            return turn
+        self._drop_prefix(program_id)
         outcome = PinOutcome.HIT if pinned else PinOutcome.NOT_PINNED
-        self._pending[program_id] = _Pending(tool, tool_args, now, turn, ttl_s, basis, outcome)
+        if tool is None:
+            ttl_s, pinned, not_pinned = 0.0, False, NotPinnedCause.NO_TOOL
+        cause = NotPinnedCause.UNSPECIFIED if pinned else not_pinned
+        self._pending[program_id] = _Pending(
+            tool, tool_args, now, turn, ttl_s, basis, outcome, cause
+        )
         return turn
+
+    def keep_prefix(self, program_id: str, block_hashes: Sequence[object]) -> bool:
+        """Keep the block hashes of the program's just finished turn (its cached prefix)
+        until its next turn is admitted, for the divergence check; ``False`` when the
+        program has no turn waiting to return."""
+        pending = self._pending.get(program_id)
+        if pending is None or pending.arrived_at is not None:
+            return False
+        self._drop_prefix(program_id)
+        self._prefixes[program_id] = block_hashes
+        self._prefix_blocks += len(block_hashes)
+        while self._prefix_blocks > PREFIX_BLOCKS_KEPT:
+            self._drop_prefix(next(iter(self._prefixes)))
+        return program_id in self._prefixes
+
+    def _drop_prefix(self, program_id: str) -> Sequence[object] | None:
+        kept = self._prefixes.pop(program_id, None)
+        if kept is not None:
+            self._prefix_blocks -= len(kept)
+        return kept
 
     def pin_released(self, program_id: str, reason: ReleaseReason) -> None:
         """The program's pin ended before its next request was admitted."""
@@ -165,21 +332,49 @@ class ToolCallTracker:
     def returning(self, program_id: str) -> bool:
         """Whether the program has a tool call waiting for its next turn's admission."""
         pending = self._pending.get(program_id)
-        return pending is not None and pending.arrived_at is not None
+        return pending is not None and pending.tool is not None and pending.arrived_at is not None
 
-    def admitted(self, program_id: str, now: float, *, pin_held: bool) -> ToolCallEvent | None:
-        """The program's next request was admitted; ``pin_held``: its pin was still live.
+    def admitted(
+        self, program_id: str, now: float, *, pin_held: bool, seen: CacheSeen | None = None
+    ) -> ToolCallEvent | None:
+        """The program's next request was admitted; ``pin_held``: its pin was still live;
+        ``seen``: what the host saw of its cache (see :meth:`returned`).
 
         Returns the completed tool-call event, or ``None`` when no tool call was pending.
         """
+        turn = self.returned(program_id, now, pin_held=pin_held, seen=seen)
+        return turn.event if turn is not None else None
+
+    def returned(
+        self, program_id: str, now: float, *, pin_held: bool, seen: CacheSeen | None = None
+    ) -> ReturningTurn | None:
+        """The program's next request was admitted: what it found of its previous turn's
+        cache and, when that turn called a tool, the completed tool-call event. ``None``
+        when the program had no finished turn waiting to return."""
         pending = self._pending.get(program_id)
         if pending is None or pending.arrived_at is None:
             return None
         del self._pending[program_id]
+        previous = self._drop_prefix(program_id)
         outcome = pending.outcome
         if outcome is PinOutcome.HIT and not pin_held:
             outcome = PinOutcome.UNSPECIFIED  # released without our seeing why
-        return ToolCallEvent(
+        hit, reusable, diverged = _compare(previous, seen)
+        expired_by = None
+        if outcome is PinOutcome.EXPIRED:
+            expired_by = max(0.0, pending.arrived_at - (pending.finished_at + pending.ttl_s))
+        cache = TurnCache(
+            MissReason.UNSPECIFIED,
+            pending.not_pinned if outcome is PinOutcome.NOT_PINNED else NotPinnedCause.UNSPECIFIED,
+            expired_by,
+            diverged,
+            hit,
+            reusable,
+        )
+        cache = replace(cache, reason=classify(outcome, pin_held, cache))
+        if pending.tool is None:
+            return ReturningTurn(program_id, cache)
+        event = ToolCallEvent(
             event_id=f"{self.engine_id}:{program_id}:{pending.turn_index}",
             program_id=program_id,
             tenant=self.tenant,
@@ -192,11 +387,14 @@ class ToolCallTracker:
             outcome=outcome,
             admission_delay_s=max(0.0, now - pending.arrived_at),
             basis=pending.basis,
+            cache=cache,
         )
+        return ReturningTurn(program_id, cache, event)
 
     def program_end(self, program_id: str, now: float) -> ProgramEndEvent | None:
         """The program ended; ``None`` if it never finished a turn here."""
         self._pending.pop(program_id, None)
+        self._drop_prefix(program_id)
         turns = self._turns.pop(program_id, 0)
         if turns == 0:
             return None
@@ -206,32 +404,40 @@ class ToolCallTracker:
 
     def forget_idle(self, now: float, idle_s: float) -> list[str]:
         """Drop programs whose last tool call finished over ``idle_s`` ago without a return
-        (abandoned programs), so memory stays bounded. Returns their ids."""
+        (abandoned programs), so memory stays bounded. Returns their ids. A program whose
+        last turn called no tool only loses its pending return (as before, it is not
+        forgotten)."""
         stale = [
             pid
             for pid, p in self._pending.items()
             if p.arrived_at is None and now - p.finished_at > idle_s
         ]
+        gone = []
         for pid in stale:
-            del self._pending[pid]
-            self._turns.pop(pid, None)
-        return stale
+            self._drop_prefix(pid)
+            if self._pending.pop(pid).tool is not None:
+                self._turns.pop(pid, None)
+                gone.append(pid)
+        return gone
 
     def __len__(self) -> int:
         return len(self._turns)
 
 
 def event_record(event: ToolCallEvent | ProgramEndEvent) -> dict[str, Any]:
-    """The event as a JSON-ready dict with its ``kind`` (the outcome by its label)."""
+    """The event as a JSON-ready dict with its ``kind`` (outcome and reasons by label)."""
     kind = "tool_call" if isinstance(event, ToolCallEvent) else "program_end"
     record: dict[str, Any] = {"kind": kind, **asdict(event)}
     if isinstance(event, ToolCallEvent):
         record["outcome"] = event.outcome.label
+        record["cache"]["reason"] = event.cache.reason.label
+        record["cache"]["not_pinned_cause"] = event.cache.not_pinned_cause.label
     return record
 
 
 def event_from_record(record: Mapping[str, Any]) -> ToolCallEvent | ProgramEndEvent:
-    """The inverse of :func:`event_record` (also reads records of earlier releases)."""
+    """The inverse of :func:`event_record` (also reads records of earlier releases, which
+    have no ``cache``)."""
     data = dict(record)
     kind = data.pop("kind")
     if kind == "program_end":
@@ -239,4 +445,9 @@ def event_from_record(record: Mapping[str, Any]) -> ToolCallEvent | ProgramEndEv
     if kind != "tool_call":
         raise ValueError(f"kind must be 'tool_call' or 'program_end', got {kind!r}")
     data["outcome"] = PinOutcome.parse(data["outcome"])
+    cache = dict(data.pop("cache", None) or {})
+    if cache:
+        cache["reason"] = MissReason.parse(cache.get("reason", 0))
+        cache["not_pinned_cause"] = NotPinnedCause.parse(cache.get("not_pinned_cause", 0))
+        data["cache"] = TurnCache(**cache)
     return ToolCallEvent(**data)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from enginehook.lifecycle import FinishedTurn, PinController
 from enginehook.pins import Pin, ReleaseReason
-from enginehook.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.tracker import CacheSeen, ProgramEndEvent, ToolCallEvent
 from estimator import HardwareProfile, get_profile
 from simulator.engine import Engine, EngineConfig, Request
 from simulator.loop import ARRIVAL, STEP_END, STEP_START, Event, EventLoop
@@ -192,12 +192,22 @@ class Simulation:
 
     def take_pin(self, request: Request, now: float) -> int:
         request.extra["tracked"] = True
-        pin = self.controller.admitted(request.program_id, now)
+        size = self.config.block_size
+        given = min(self.pinned_blocks_of(request.program_id), (request.prompt_tokens - 1) // size)
+        pin = self.controller.admitted(request.program_id, now, self._seen(request, given * size))
         if pin is None or pin.handle is None:
             return 0
-        given = min(pin.handle, (request.prompt_tokens - 1) // self.config.block_size)
         self.engine.pool.release(request.program_id, pin.blocks - given, 0)
         return given
+
+    def _seen(self, request: Request, hit_tokens: int) -> CacheSeen:
+        """What admission saw of the request's cache: its hit, and the reusable prefix
+        (the previous turn's cached full blocks; prompts here always extend the previous
+        context, so nothing diverges)."""
+        state: _State = request.extra["state"]
+        size = self.config.block_size
+        reusable = min(max(0, state.context - 1) // size, (request.prompt_tokens - 1) // size)
+        return CacheSeen(hit_tokens, request.prompt_tokens, reusable_tokens=reusable * size)
 
     def release_pins(self, needed: int, request: Request, now: float, running: bool) -> bool:
         released = self.controller.relieve(
@@ -219,7 +229,8 @@ class Simulation:
         if request.turn == 0:
             state.first_wait = now - request.arrival
         if not request.extra.get("tracked"):
-            pin = self.controller.admitted(request.program_id, now)
+            seen = self._seen(request, request.hit_tokens)
+            pin = self.controller.admitted(request.program_id, now, seen)
             if pin is not None and pin.handle is not None:  # a pin of a sub-block prefix
                 self.engine.pool.release(pin.program_id, pin.blocks, pin.handle)
 

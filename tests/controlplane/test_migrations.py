@@ -32,7 +32,7 @@ def test_stored_first_revision_is_refused_then_upgraded(tmp_path: Path, capsys) 
     with pytest.raises(SchemaOutOfDateError, match="cachettl db upgrade --db"):
         SqlStore(url)
     assert main(["db", "upgrade", "--db", url]) == 0
-    assert "0001 -> 0003" in capsys.readouterr().out
+    assert f"0001 -> {HEAD_REVISION}" in capsys.readouterr().out
     store = SqlStore(url)
     rows = store.read_tool_calls(0, 10)
     assert [r.call.duration_s for r in rows] == [0.5, 1.5, 2.5, 3.5, 4.5]
@@ -58,7 +58,9 @@ def test_postgres_old_schema_is_refused_then_upgraded(pg_schemas) -> None:
     url = pg_url(pg_schemas())
     engine = create_engine(url)
     upgrade(engine, "0001")
-    with pytest.raises(SchemaOutOfDateError, match="revision 0001, this version needs 0003"):
+    with pytest.raises(
+        SchemaOutOfDateError, match=f"revision 0001, this version needs {HEAD_REVISION}"
+    ):
         SqlStore(url)
     assert upgrade(engine) == ("0001", HEAD_REVISION)
     SqlStore(url).close()

@@ -240,7 +240,7 @@ def test_one_conversion_every_field_and_outcome_arrives(plane, tmp_path):
     spill = tmp_path / "spill"
     spill.mkdir()
     old = {
-        **{k: getattr(_call(7), k) for k in ToolCallEvent.__slots__},
+        **{k: getattr(_call(7), k) for k in ToolCallEvent.__slots__ if k != "cache"},
         "kind": "tool_call",
         "event_id": "eng:old:7",
     }
