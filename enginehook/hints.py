@@ -17,16 +17,15 @@ says (``ttl_s``, ``ttl_ceiling_s``, ``last_turn``, ``tool``, ``tool_args``, ``pi
 contract a router writes on purpose; flat keys are the older, looser form.
 
 >>> Hints.from_extra_args({"last_turn": 1, "tool": "bash", "pin_ttl_s": "2.5"})
-Hints(last_turn=True, tool='bash', tool_args=None, pin_ttl_s=2.5, pin=True,
-      pin_ttl_max_s=None, release=False)
+Hints(last_turn=True, tool='bash', tool_args=None, pin_ttl_s=2.5, pin=True, ...)
 >>> Hints.from_extra_args({"pin_ttl_s": -1})
 Traceback (most recent call last):
 ...
 ValueError: vllm_xargs.pin_ttl_s must be a finite number >= 0, got -1
 >>> from enginehook.kvhints import Retention
->>> Hints(pin_ttl_s=60.0, pin_ttl_max_s=300.0).with_retention(Retention(ttl_ceiling_s=30.0))
-Hints(last_turn=False, tool=None, tool_args=None, pin_ttl_s=60.0, pin=True,
-      pin_ttl_max_s=30.0, release=False)
+>>> hints = Hints(pin_ttl_s=60.0, pin_ttl_max_s=300.0)
+>>> hints.with_retention(Retention(ttl_ceiling_s=30.0, release=True))
+Hints(..., pin_ttl_s=60.0, pin=True, pin_ttl_max_s=30.0, release=True)
 """
 
 from __future__ import annotations

@@ -1,0 +1,314 @@
+"""Session ids as agent stacks send them, and KV-hint envelopes in HTTP bodies, for vLLM's
+OpenAI server: ``vllm serve ... --middleware enginehook.sessions.SessionIdMiddleware``.
+
+The hook takes a request's program id from vLLM's ``Request.session_id``, which vLLM
+resolves itself from the body's ``session_id``, then the ``X-Session-ID`` header, then
+``vllm_xargs.session_id``. Agent stacks name it otherwise; the middleware recognises, in
+this order (:data:`SOURCES`), the first one present winning:
+
+1. body ``session_id`` (vLLM's own; chat, completions, responses);
+2. header ``X-Session-ID`` (vLLM's own; also what OpenCode sends);
+3. body ``vllm_xargs.session_id`` (vLLM's own);
+4. header ``X-Dynamo-Session-ID`` (NVIDIA Dynamo's canonical session header);
+5. header ``X-Claude-Code-Session-Id`` (Claude Code; llm-d's ``agent-identity`` plugin has
+   no header of its own, it reads the agents' native ones such as this);
+6. body ``prompt_cache_key`` (OpenAI's): last, because it is a cache key that several
+   sessions may share on purpose (one key per prompt template), so it is only a fallback.
+
+vLLM's own three come first so that the middleware never changes what vLLM would decide;
+then the headers a router or an agent sets for session identity; the cache key last. When
+the winner is not one of vLLM's own, the middleware hands it to vLLM unchanged: a header's
+bytes as ``X-Session-ID``, ``prompt_cache_key`` as ``vllm_xargs.session_id`` (a JSON
+string, so any text survives). The winning id must be 1..256 characters without control
+characters (the control plane's program-id limit); otherwise the answer is HTTP 400
+naming the header or field. Ids that do not win are not looked at.
+
+A body's ``kv_hints`` (a ``KvHintsEnvelope`` as a JSON object, SGLang's and Dynamo's
+field) is checked (:func:`enginehook.kvhints.parse_kv_hints`; HTTP 400 with the field path
+when malformed) and moved into ``vllm_xargs`` under :data:`enginehook.kvhints.XARGS_KEY`
+as JSON text, which vLLM 0.32 carries to the engine (``vllm_xargs`` values may be
+strings) while it does not carry ``kv_hints``. An envelope already given as that key's
+text is checked the same way; given both, the body's ``kv_hints`` wins.
+
+Only ``POST`` to :data:`PATHS` is looked at. A body over ``max_body_bytes`` (default
+32 MiB), one that is not a JSON object, and every other request pass through untouched.
+Unit-testable without vLLM (plain ASGI).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from enginehook.kvhints import XARGS_KEY, parse_kv_hints
+
+__all__ = [
+    "MAX_SESSION_ID",
+    "PATHS",
+    "SOURCES",
+    "MalformedRequestError",
+    "SessionChoice",
+    "SessionIdMiddleware",
+    "carry_kv_hints",
+    "choose_session",
+]
+
+logger = logging.getLogger("enginehook")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Endpoints whose body is read, and whether vLLM reads a body ``session_id`` there.
+PATHS = {
+    "/v1/chat/completions": True,
+    "/v1/completions": True,
+    "/v1/responses": True,
+    "/v1/messages": False,
+}
+#: The session-id sources in precedence order: ``(kind, name, vLLM's own)``.
+SOURCES = (
+    ("body", "session_id", True),
+    ("header", "x-session-id", True),
+    ("body", "vllm_xargs.session_id", True),
+    ("header", "x-dynamo-session-id", False),
+    ("header", "x-claude-code-session-id", False),
+    ("body", "prompt_cache_key", False),
+)
+#: The longest session id accepted (the control plane's program-id limit).
+MAX_SESSION_ID = 256
+_MAX_BODY = 32 * 1024 * 1024
+
+
+class MalformedRequestError(ValueError):
+    """A request the middleware refuses (HTTP 400); ``field`` names the header or field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class SessionChoice:
+    """The winning session id, where it came from, and whether vLLM reads it itself."""
+
+    session_id: str
+    source: str
+    vllm_reads: bool
+
+
+def _check(source: str, value: str) -> str:
+    if len(value) > MAX_SESSION_ID:
+        limit = f"must be at most {MAX_SESSION_ID} characters, got {len(value)}"
+        raise MalformedRequestError(source, limit)
+    bad = next((c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F), None)
+    if bad is not None:
+        raise MalformedRequestError(source, f"must not contain control characters, got {bad!r}")
+    return value
+
+
+def _body_value(body: Mapping[str, Any] | None, name: str) -> Any:
+    value: Any = body
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def choose_session(
+    headers: Mapping[str, str], body: Mapping[str, Any] | None, path: str = "/v1/chat/completions"
+) -> SessionChoice | None:
+    """The first session id present among :data:`SOURCES` (``headers``: lower-case names;
+    ``body``: the parsed JSON body, ``None`` if not read), checked; ``None`` when there is
+    none. Raises :class:`MalformedRequestError` naming the source of a malformed winner.
+
+    >>> choose_session({"x-dynamo-session-id": "run-1"}, {"prompt_cache_key": "k"})
+    SessionChoice(session_id='run-1', source='x-dynamo-session-id', vllm_reads=False)
+    >>> choose_session({"x-session-id": "a" * 300}, None)
+    Traceback (most recent call last):
+    ...
+    enginehook.sessions.MalformedRequestError: x-session-id must be at most 256 characters, got 300
+    """
+    for kind, name, own in SOURCES:
+        if kind == "header":
+            value: Any = headers.get(name)
+        elif name == "session_id" and not PATHS.get(path, True):
+            continue  # vLLM reads no body session_id there
+        else:
+            value = _body_value(body, name)
+        if isinstance(value, str) and value:
+            return SessionChoice(_check(name, value), name, own)
+    return None
+
+
+def carry_kv_hints(body: dict[str, Any]) -> bool:
+    """Check the body's envelope and move it into ``vllm_xargs`` (in place); ``True`` when
+    the body changed. Raises :class:`MalformedRequestError` naming the field path."""
+    xargs = body.get("vllm_xargs")
+    if xargs is not None and not isinstance(xargs, dict):
+        if "kv_hints" not in body:
+            return False  # vLLM answers for its own field
+        raise MalformedRequestError("vllm_xargs", "must be an object to carry kv_hints")
+    carried = (xargs or {}).get(XARGS_KEY)
+    if "kv_hints" not in body:
+        if carried is not None:
+            _checked_envelope(carried, f"vllm_xargs.{XARGS_KEY}")
+        return False
+    envelope = body.pop("kv_hints")
+    if envelope is None:
+        return True
+    _checked_envelope(envelope, "kv_hints")
+    xargs = body["vllm_xargs"] = dict(xargs or {})
+    xargs[XARGS_KEY] = json.dumps(envelope, separators=(",", ":"))
+    return True
+
+
+def _checked_envelope(envelope: Any, where: str) -> None:
+    if where == "kv_hints" and not isinstance(envelope, Mapping):
+        raise MalformedRequestError(where, f"must be an object, got {envelope!r}")
+    try:
+        parse_kv_hints(envelope, where)
+    except ValueError as exc:
+        message = str(exc)
+        raise MalformedRequestError(where, message.removeprefix(where).lstrip()) from None
+
+
+class SessionIdMiddleware:
+    """ASGI middleware: session ids from agent stacks' headers and fields, KV-hint
+    envelopes from bodies (see the module docstring)."""
+
+    def __init__(self, app: App, max_body_bytes: int = _MAX_BODY) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._looks_at(scope):
+            await self.app(scope, receive, send)
+            return
+        messages, raw = await self._read(receive)
+        body = _json_object(raw)
+        if raw is None or body is None:
+            await self.app(scope, _replay(messages, receive), send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            changed = carry_kv_hints(body)
+            choice = choose_session(headers, body, scope["path"])
+        except MalformedRequestError as exc:
+            await _bad_request(send, exc)
+            return
+        header = None
+        if choice is not None and not choice.vllm_reads:
+            if choice.source.startswith("x-"):
+                header = choice.source.encode()
+            else:
+                changed = _set_xargs_session(body, choice.session_id) or changed
+        if not (changed or header):
+            await self.app(scope, _replay(messages, receive), send)
+            return
+        if changed:
+            raw = json.dumps(body).encode()
+        scope = dict(scope)
+        scope["headers"] = _headers(scope["headers"], len(raw), header)
+        await self.app(scope, _replay([_body_message(raw)], receive), send)
+
+    def _looks_at(self, scope: Scope) -> bool:
+        if scope.get("type") != "http" or scope.get("method") != "POST":
+            return False
+        if scope.get("path") not in PATHS:
+            return False
+        for name, value in scope.get("headers", ()):
+            if name.lower() == b"content-length":
+                try:
+                    return int(value) <= self.max_body_bytes
+                except ValueError:
+                    return False
+        return True
+
+    async def _read(self, receive: Receive) -> tuple[list[Message], bytes | None]:
+        """The request's messages as received, and its whole body (``None``: over the
+        limit or the client left; the messages are then replayed untouched)."""
+        messages: list[Message] = []
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message.get("type") != "http.request":
+                return messages, None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                logger.debug("session ids: body over %d bytes passes untouched", size)
+                return messages, None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return messages, b"".join(chunks)
+
+
+def _json_object(raw: bytes | None) -> dict[str, Any] | None:
+    if not raw:
+        return None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None  # vLLM answers for a body it cannot parse
+    return body if isinstance(body, dict) else None
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
+
+
+def _body_message(raw: bytes) -> Message:
+    return {"type": "http.request", "body": raw, "more_body": False}
+
+
+def _set_xargs_session(body: dict[str, Any], session_id: str) -> bool:
+    xargs = body.get("vllm_xargs")
+    if xargs is not None and not isinstance(xargs, dict):
+        return False  # vLLM answers for its own field
+    body["vllm_xargs"] = {**(xargs or {}), "session_id": session_id}
+    return True
+
+
+def _headers(
+    headers: list[tuple[bytes, bytes]], length: int, source: bytes | None
+) -> list[tuple[bytes, bytes]]:
+    """The headers with the body's new length and, from header ``source``, ``X-Session-ID``
+    (its value's bytes as received)."""
+    value = next((v for k, v in headers if k.lower() == source), None) if source else None
+    drop = {b"content-length", b"transfer-encoding", b"x-session-id"}
+    out = [(k, v) for k, v in headers if k.lower() not in drop]
+    out.append((b"content-length", str(length).encode()))
+    if value is not None:
+        out.append((b"x-session-id", value))
+    return out
+
+
+async def _bad_request(send: Send, exc: MalformedRequestError) -> None:
+    """HTTP 400 in the OpenAI error shape vLLM uses (``error.message`` names the field)."""
+    error = {"message": str(exc), "type": "BadRequestError", "param": exc.field, "code": 400}
+    payload = json.dumps({"error": error}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 400,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
