@@ -146,7 +146,7 @@ def test_a_turn_without_a_tool_call_is_counted_by_the_hook(driver, clock):
     _two_turns(driver, clock, "E", {})
     after = driver.scheduler.metrics.snapshot()["turn_misses"]
     assert after.get("not_pinned/no_tool", 0) == before + 1
-    path: Path = driver.log_path  # type: ignore[attr-defined]
+    path: Path = driver.log_path
     events = [json.loads(line) for line in path.read_text().splitlines()]
     assert [e["kind"] for e in events if e["program_id"] == "E"] == ["program_end"]
 
