@@ -89,7 +89,8 @@ class MalformedRequestError(ValueError):
     """A request the middleware refuses (HTTP 400); ``field`` names the header or field."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field} {message}")
+        """``message``: what is wrong (prefixed with ``field`` unless it names it first)."""
+        super().__init__(message if message.startswith(field) else f"{field} {message}")
         self.field = field
 
 
@@ -173,8 +174,7 @@ def _checked_envelope(envelope: Any, where: str) -> None:
     try:
         parse_kv_hints(envelope, where)
     except ValueError as exc:
-        message = str(exc)
-        raise MalformedRequestError(where, message.removeprefix(where).lstrip()) from None
+        raise MalformedRequestError(where, str(exc)) from None
 
 
 class SessionIdMiddleware:
