@@ -80,6 +80,7 @@ def test_every_release_reason_has_one_outcome():
         ReleaseReason.PROGRAM_END: PinOutcome.UNSPECIFIED,
         ReleaseReason.REPLACED: PinOutcome.UNSPECIFIED,
         ReleaseReason.SHUTDOWN: PinOutcome.UNSPECIFIED,
+        ReleaseReason.CLOSED: PinOutcome.UNSPECIFIED,  # the session ends: no return follows
     }
 
 
