@@ -144,7 +144,7 @@ class AgentRun:
     commands: list[str] = field(default_factory=list)
     started_s: float = 0.0
     finished_s: float = 0.0
-    first_turn_s: float = 0.0  # submit → first reply of the first turn
+    latencies_s: list[float] = field(default_factory=list)  # each model call, request → reply
     cached_tokens: int = 0
     prompt_tokens: int = 0
 
@@ -172,6 +172,7 @@ def run_agent(
 ) -> AgentRun:
     """Run one mini-swe-agent program to its end (submitted, step limit, format errors)."""
     os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download
     from minisweagent.agents.default import DefaultAgent
     from minisweagent.environments.local import LocalEnvironment
     from minisweagent.models import get_model
@@ -184,8 +185,9 @@ def run_agent(
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env_cfg["env"] = {**env_cfg.get("env", {}), "PATH": path}
     model = get_model(config=_model_config(config, base_url, session_id))
-    agent = DefaultAgent(model, LocalEnvironment(cwd=str(workdir), **env_cfg), **agent_cfg)
     run = AgentRun(session_id, started_s=time.monotonic())
+    _time_queries(model, run)
+    agent = DefaultAgent(model, LocalEnvironment(cwd=str(workdir), **env_cfg), **agent_cfg)
     try:
         result = agent.run(task)
     finally:
@@ -193,6 +195,20 @@ def run_agent(
     run.exit_status = str(result.get("exit_status", ""))
     _tally(run, agent.messages)
     return run
+
+
+def _time_queries(model: Any, run: AgentRun) -> None:
+    """Record each model call's latency (request → reply) in ``run.latencies_s``."""
+    query = model.query
+
+    def timed(messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+        sent = time.monotonic()
+        try:
+            return query(messages, **kwargs)
+        finally:
+            run.latencies_s.append(time.monotonic() - sent)
+
+    model.query = timed
 
 
 def _tally(run: AgentRun, messages: list[dict[str, Any]]) -> None:
@@ -238,9 +254,14 @@ def start_vllm(
     blocks: int | None = None,
     max_num_seqs: int = 4,
     served_name: str = "smollm2",
+    dev_mode: bool = False,
+    eager: bool = True,
 ) -> subprocess.Popen[bytes]:
     """vLLM's OpenAI server for ``model`` on ``port`` (prefix caching, blocks of 32 tokens);
-    the CacheTTL scheduler configured by ``hook``, or stock vLLM when ``hook`` is None."""
+    the CacheTTL scheduler configured by ``hook``, or stock vLLM when ``hook`` is None.
+    ``dev_mode``: vLLM's development endpoints (``POST /reset_prefix_cache``). ``eager``:
+    no torch.compile (vLLM's compile cache is keyed by the whole config, hook settings
+    included, so each new setting would compile for minutes on a small CPU)."""
     from enginehook.compat import hook_scheduler_cls
 
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
@@ -248,6 +269,8 @@ def start_vllm(
     args += ["--dtype", "bfloat16", "--max-model-len", "4096", "--block-size", "32"]
     args += ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--seed", "0"]
     args += ["--max-num-seqs", str(max_num_seqs)]
+    if eager:
+        args.append("--enforce-eager")
     if blocks is not None:
         args += ["--num-gpu-blocks-override", str(blocks)]
     if hook is not None:
@@ -255,6 +278,8 @@ def start_vllm(
         args += ["--additional-config", json.dumps({"cachettl": hook})]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    if dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     with log.open("wb") as out:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
 

@@ -44,6 +44,7 @@ def register(
         help="hook's order_window_s (0: the paper's unbounded program order)",
     )
     p.set_defaults(handler=_bench_vllm)
+    _register_bench_agent(bench)
 
 
 def _parse_params(items: list[str]) -> dict[str, Any]:
@@ -142,3 +143,89 @@ def _print(report: dict[str, Any]) -> None:
             f"{o['pins_held']:.0f} pins held ({o['schedule_calls']:.0f} calls; vLLM's own "
             f"schedule(): {o['vllm_us_per_schedule']:.1f} µs)"
         )
+
+
+def _register_bench_agent(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "agent",
+        help="real mini-swe-agent programs on SmolLM2-135M: stock vLLM vs the hook (JCT)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--programs", type=int, default=6, help="concurrent agent programs")
+    p.add_argument("--steps", type=int, default=5, help="step limit of each program")
+    p.add_argument("--arrival-window", type=float, default=10.0, help="seconds of arrivals")
+    p.add_argument("--blocks", type=int, default=48, help="KV blocks of 32 tokens per engine")
+    p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=1, help="alternating replays per scheduler")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", default="cachettl", help="TTL policy of the hook")
+    p.add_argument(
+        "--policy-param", action="append", default=[], metavar="KEY=VALUE", help="repeatable"
+    )
+    p.add_argument("--min-samples", type=int, default=3, help="cold-start threshold K")
+    p.add_argument("--config", default="", help="mini-swe-agent YAML (default: the example)")
+    p.set_defaults(handler=_bench_agent)
+
+
+def _bench_agent(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from enginehook.agentbench import AgentBenchConfig, run_agent_bench
+    from enginehook.agentrun import DEFAULT_CONFIG
+    from estimator import get_policy
+
+    checks = {
+        "--programs": (args.programs, 1, 64),
+        "--steps": (args.steps, 1, 50),
+        "--arrival-window": (args.arrival_window, 0, 3600),
+        "--blocks": (args.blocks, 16, 100_000),
+        "--max-num-seqs": (args.max_num_seqs, 1, 256),
+        "--repeats": (args.repeats, 1, 20),
+        "--min-samples": (args.min_samples, 0, 100_000),
+    }
+    for flag, (value, low, high) in checks.items():
+        if not low <= value <= high:
+            raise ValueError(f"{flag} must be in [{low}, {high}], got {value}")
+    params = _parse_params(args.policy_param)
+    if args.policy == "cachettl" and not args.policy_param:
+        params = {"ttl_cap_s": 30.0}
+    get_policy(args.policy, **params)  # a bad name or parameter fails before any engine starts
+    config = AgentBenchConfig(
+        programs=args.programs,
+        steps=args.steps,
+        arrival_window_s=args.arrival_window or 1e-6,
+        blocks=args.blocks,
+        max_num_seqs=args.max_num_seqs,
+        policy=args.policy,
+        policy_params=params,
+        min_samples=args.min_samples,
+        repeats=args.repeats,
+        seed=args.seed,
+        agent_config=Path(args.config) if args.config else DEFAULT_CONFIG,
+    )
+    report = run_agent_bench(config)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    _print_agent(report)
+    return 0
+
+
+def _print_agent(report: dict[str, Any]) -> None:
+    cfg = report["config"]
+    print(
+        f"mini-swe-agent x SmolLM2-135M-Instruct on vLLM CPU; {cfg['programs']} programs of "
+        f"<= {cfg['steps']} steps over {cfg['arrival_window_s']} s, {cfg['blocks']} blocks of "
+        f"32, max {cfg['max_num_seqs']} seqs; hook policy {cfg['policy']} {cfg['policy_params']}"
+    )
+    print(f"{'':<9} {'mean JCT':>9} {'P90 JCT':>9} {'1st turn P90':>13} {'hit share':>10}")
+    for name in ("stock", "cachettl"):
+        s = report[name]
+        print(
+            f"{name:<9} {s['mean_jct_s']:>8.2f}s {s['p90_jct_s']:>8.2f}s "
+            f"{s['first_turn_p90_s']:>12.3f}s {s['prefix_hit_share']:>10.1%}"
+        )
+    print(
+        f"{'ratio':<9} {report['mean_jct_ratio']:>8.2f}x {report['p90_jct_ratio']:>8.2f}x "
+        f"{report['first_turn_p90_ratio']:>12.2f}x"
+    )
