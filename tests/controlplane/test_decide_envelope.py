@@ -41,7 +41,7 @@ def test_the_decision_comes_back_as_one_retention_action(served) -> None:
     server, token = served
     channel = grpc.insecure_channel(server.target)
     try:
-        stub = ttl_pb2_grpc.TtlServiceStub(channel)
+        stub = ttl_pb2_grpc.TtlServiceStub(channel)  # type: ignore[no-untyped-call]
         request = ttl_pb2.DecideTtlRequest(tool_name="bash", tool_args="ls", context_tokens=8_000)
         reply = stub.DecideTtl(request, metadata=[("authorization", f"Bearer {token}")])
     finally:
