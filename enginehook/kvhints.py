@@ -42,13 +42,14 @@ ValueError: kv_hints.actions[0].payload.ttl_s must be a finite number >= 0, got 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -81,6 +82,9 @@ PROTOCOL_VERSION = "1"
 XARGS_KEY = "cachettl_kv_hints"
 
 _MAJOR = 1
+#: Message ids: unique per process by the counter, across processes by the random prefix.
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_IDS = itertools.count()
 _VERSION = re.compile(r"^(\d+)(?:\.\d+)?$")
 _MAX_ACTIONS = 64
 _MAX_ID = 256
@@ -104,7 +108,12 @@ class Retention:
 
     def payload(self) -> dict[str, Any]:
         """The action's JSON payload (the keys said)."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        values = ((k, getattr(self, k)) for k in _KEYS)
+        return {k: v for k, v in values if v is not None}
+
+
+#: The payload keys, in the order :class:`Retention` declares them.
+_KEYS = tuple(f.name for f in fields(Retention))
 
 
 def _as_mapping(value: Any, where: str) -> Any:
@@ -205,10 +214,11 @@ def parse_kv_hints(value: Any, where: str = "kv_hints") -> Retention | None:
 
 
 def retention_envelope(retention: Retention, *, message_id: str | None = None) -> dict[str, Any]:
-    """An envelope (JSON form) holding one retention action that says ``retention``."""
+    """An envelope (JSON form) holding one retention action that says ``retention``
+    (``message_id``: default, one unique to this process and call)."""
     return {
         "protocol_version": PROTOCOL_VERSION,
-        "message_id": message_id or uuid.uuid4().hex,
+        "message_id": message_id or f"{_ID_PREFIX}-{next(_IDS)}",
         "actions": [
             {
                 "action_id": "retention",
@@ -243,9 +253,19 @@ def envelope_from_proto(message: ttl_pb2.KvHintsEnvelope) -> dict[str, Any]:
 
 
 def envelope_to_proto(envelope: Mapping[str, Any]) -> ttl_pb2.KvHintsEnvelope:
-    """The wire message of a JSON-form envelope (the inverse of :func:`envelope_from_proto`)."""
-    from google.protobuf import json_format
-
+    """The wire message of a JSON-form envelope (the inverse of :func:`envelope_from_proto`;
+    built field by field: ``json_format.ParseDict`` costs ten times as much on the
+    ``DecideTtl`` path)."""
     from controlplane._gen.cachettl.v1 import ttl_pb2
 
-    return json_format.ParseDict(dict(envelope), ttl_pb2.KvHintsEnvelope())
+    message = ttl_pb2.KvHintsEnvelope(
+        protocol_version=envelope["protocol_version"], message_id=envelope["message_id"]
+    )
+    for action in envelope["actions"]:
+        added = message.actions.add(
+            action_id=action["action_id"],
+            action_type=action["action_type"],
+            action_version=action["action_version"],
+        )
+        added.payload.update(action["payload"])
+    return message
