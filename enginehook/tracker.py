@@ -181,16 +181,21 @@ class _Pending:
 def common_blocks(previous: Sequence[object], current: Sequence[object]) -> int:
     """Leading blocks whose hashes are equal in both sequences.
 
+    Block hashes are chained (vLLM's cover their parent's hash: equal at block i means
+    equal at every block before it), so a binary search finds the first difference in
+    O(log n) comparisons; sequences without that property are not supported.
+
     >>> common_blocks("abc", "abxd"), common_blocks("ab", "abc"), common_blocks("", "a")
     (2, 2, 0)
     """
-    n = min(len(previous), len(current))
-    if list(previous[:n]) == list(current[:n]):  # the usual case, at C speed
-        return n
-    i = 0
-    while previous[i] == current[i]:
-        i += 1
-    return i
+    low, high = 0, min(len(previous), len(current))  # blocks [0, low) are equal
+    while low < high:
+        mid = (low + high) // 2
+        if previous[mid] == current[mid]:
+            low = mid + 1
+        else:
+            high = mid
+    return low
 
 
 def classify(outcome: PinOutcome, pin_held: bool, cache: TurnCache) -> MissReason:

@@ -232,9 +232,12 @@ def test_without_the_hosts_view_only_the_pins_story_counts() -> None:
     assert classify(PinOutcome.UNSPECIFIED, False, lost) is MissReason.EVICTED
 
 
-def test_common_blocks_finds_the_first_difference_anywhere() -> None:
-    assert common_blocks(_hashes(100), _hashes(100)) == 100
-    assert common_blocks(_hashes(100), [*_hashes(57), "z", *_hashes(42)]) == 57
+def test_common_blocks_finds_the_first_difference_of_chained_hashes() -> None:
+    chained = _hashes(100)
+    assert common_blocks(chained, chained) == 100
+    assert common_blocks(chained, chained[:40]) == 40
+    for k in (0, 1, 57, 99):
+        assert common_blocks(chained, chained[:k] + _hashes(100 - k, "x")) == k
     assert common_blocks(_hashes(3), []) == 0
 
 
