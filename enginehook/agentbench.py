@@ -67,7 +67,7 @@ def arrivals(config: AgentBenchConfig) -> list[float]:
     """Program start offsets (s): a seeded Poisson stream, the first at 0.
 
     >>> arrivals(AgentBenchConfig(programs=3, seed=1))
-    [0.0, 0.6..., 4.3...]
+    [0.0, 0.48..., 6.74...]
     """
     rng = random.Random(config.seed)
     rate = config.programs / config.arrival_window_s

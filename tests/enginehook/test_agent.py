@@ -201,3 +201,22 @@ def test_tools_cli_lists_the_real_commands_with_ttls_that_fit_them(finished):
     longest = shown["decisions"][-1]
     assert longest["basis"] != "cold-start", longest
     assert longest["ttl_s"] >= durations[0], (longest, durations)
+
+
+def test_bench_arrivals_and_summary():
+    import doctest
+
+    import enginehook.agentbench as bench
+
+    result = doctest.testmod(bench, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 1
+    assert result.failed == 0
+    runs = [AgentRun("a", turns=2, started_s=0.0, finished_s=4.0, latencies_s=[1.0, 0.5])]
+    runs.append(AgentRun("b", turns=1, started_s=1.0, finished_s=3.0, latencies_s=[0.25]))
+    runs[0].prompt_tokens, runs[0].cached_tokens = 300, 150
+    summary = bench.summarize(runs)
+    assert summary["mean_jct_s"] == 3.0
+    assert summary["p90_jct_s"] == 4.0
+    assert summary["first_turn_p90_s"] == 1.0
+    assert summary["prefix_hit_share"] == 0.5
+    assert summary["turns"] == 3.0
