@@ -213,3 +213,52 @@ def test_a_release_frees_the_pin_at_once_and_its_turn_ends_the_program() -> None
     assert (finish.took, finish.pinned) == (False, False)
     assert host.events[-1].total_turns == 2  # type: ignore[attr-defined]
     assert controller.close("p") is None  # nothing left to release
+
+
+# -- vLLM's offline API: Request.kv_hints in a real CPU engine with the hook ---------------
+
+
+@pytest.fixture(scope="module")
+def driver(tiny_model: Any, inproc: None) -> Any:
+    from transformers import AutoTokenizer
+
+    from tests.enginehook.driver import Driver, make_llm, shutdown
+
+    hook = {"policy": "fixed", "policy_params": {"ttl_s": 60.0, "skip_slow_tools": False}}
+    llm = make_llm(tiny_model, hook)
+    yield Driver(llm, AutoTokenizer.from_pretrained(str(tiny_model)))
+    shutdown(llm)
+
+
+def _add(driver: Any, rid: str, ids: list[int], session: str, retention: Retention) -> None:
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    hints = to_vllm(retention_envelope(retention))
+    driver.engine.add_request(
+        rid, {"prompt_token_ids": ids}, params, session_id=session, kv_hints=hints
+    )
+
+
+@pytest.mark.slow
+def test_offline_kv_hints_set_the_ttl_and_a_release_frees_the_pin_before_any_step(driver) -> None:
+    scheduler = driver.scheduler
+    for session, retention, ttl in [
+        ("off-ttl", Retention(ttl_s=7.0, tool="bash"), 7.0),
+        ("off-ceiling", Retention(ttl_ceiling_s=5.0, tool="bash"), 5.0),  # the policy says 60
+    ]:
+        _add(driver, f"{session}-0", driver.words(200), session, retention)
+        driver.drain()
+        assert scheduler.pins.get(session).ttl_s == ttl
+    prompt = driver.words(200)
+    _add(driver, "off-rel-0", prompt, "off-rel", Retention(tool="bash"))
+    driver.drain()
+    assert "off-rel" in scheduler.pins
+    _add(driver, "off-rel-1", prompt + driver.words(20), "off-rel", Retention(release=True))
+    assert "off-rel" not in scheduler.pins  # at once: on arrival, before the engine steps
+    assert scheduler.metrics.snapshot()["releases"]["closed"] == 1
+    driver.drain()
+    assert "off-rel" not in scheduler.pins  # and nothing is pinned after the release
+    for session in ("off-ttl", "off-ceiling"):
+        scheduler.controller.end_program(session, scheduler.clock())
+    assert len(scheduler.pins) == 0
