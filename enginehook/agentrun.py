@@ -141,12 +141,17 @@ class AgentRun:
     exit_status: str = ""
     turns: int = 0
     format_errors: int = 0
-    commands: list[str] = field(default_factory=list)
+    turn_commands: list[str | None] = field(default_factory=list)  # None: format error
     started_s: float = 0.0
     finished_s: float = 0.0
     latencies_s: list[float] = field(default_factory=list)  # each model call, request → reply
     cached_tokens: int = 0
     prompt_tokens: int = 0
+
+    @property
+    def commands(self) -> list[str]:
+        """The commands the agent ran, in order."""
+        return [c for c in self.turn_commands if c is not None]
 
     @property
     def jct_s(self) -> float:
@@ -212,19 +217,23 @@ def _time_queries(model: Any, run: AgentRun) -> None:
 
 
 def _tally(run: AgentRun, messages: list[dict[str, Any]]) -> None:
+    """Each model turn in order: the command it ran, or ``None`` (a format error)."""
     for message in messages:
         extra = message.get("extra") or {}
-        if extra.get("interrupt_type") == "FormatError":
-            run.format_errors += 1
         response = extra.get("response")
-        if message.get("role") == "assistant" or isinstance(response, dict):
-            run.turns += int(isinstance(response, dict))
-            usage = (response or {}).get("usage") or {}
-            run.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-            details = usage.get("prompt_tokens_details") or {}
-            run.cached_tokens += int(details.get("cached_tokens") or 0)
-        for action in extra.get("actions") or []:
-            run.commands.append(str(action.get("command", "")))
+        if not isinstance(response, dict):
+            continue  # not a model turn (templates, observations)
+        run.turns += 1
+        usage = response.get("usage") or {}
+        run.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        run.cached_tokens += int(details.get("cached_tokens") or 0)
+        actions = extra.get("actions") or []
+        if extra.get("interrupt_type") == "FormatError" or not actions:
+            run.format_errors += 1
+            run.turn_commands.append(None)
+        else:
+            run.turn_commands.append(str(actions[0].get("command", "")))
 
 
 # -- processes ---------------------------------------------------------------------------
