@@ -31,6 +31,7 @@ RPCS: list[tuple[str, type[Message]]] = [
     ("/cachettl.v1.InspectService/ListTools", inspect_pb2.ListToolsRequest),
     ("/cachettl.v1.InspectService/GetToolDistribution", inspect_pb2.GetToolDistributionRequest),
     ("/cachettl.v1.InspectService/GetWorkloadStats", inspect_pb2.GetWorkloadStatsRequest),
+    ("/cachettl.v1.InspectService/ListMisses", inspect_pb2.ListMissesRequest),
 ]
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
 F = FieldDescriptor
