@@ -46,10 +46,12 @@ from estimator import RequestFacts
 __all__ = [
     "ClientTls",
     "ControlPlaneClient",
+    "MissReason",
     "PinOutcome",
     "RecordResult",
     "ToolCall",
     "TtlDecision",
+    "TurnCache",
     "to_decide_request",
     "to_event",
 ]
