@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 from controlplane._resources import data_dir
+from controlplane.schema import HEAD_REVISION
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,6 +34,7 @@ def test_wheel_carries_and_uses_package_data(tmp_path: Path) -> None:
         "controlplane/migrations/script.py.mako",
         "controlplane/migrations/versions/0002_pins_and_snapshots.py",
         "controlplane/migrations/versions/0003_wide_turn_index.py",
+        "controlplane/migrations/versions/0004_turn_cache_reasons.py",
         "controlplane/proto/cachettl/v1/events.proto",
         "controlplane/_gen/cachettl/v1/events_pb2.pyi",
     ):
@@ -57,4 +59,4 @@ def test_wheel_carries_and_uses_package_data(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "schema empty -> 0003"
+    assert result.stdout.strip() == f"schema empty -> {HEAD_REVISION}"
