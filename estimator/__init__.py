@@ -9,6 +9,7 @@ from estimator.hierarchy import Chain, DurationHierarchy, Level, Lookup
 from estimator.models import Models, WorkloadStats
 from estimator.policies import (
     DEFAULT_TTL_CAP_S,
+    DEFAULT_TTL_SLACK,
     POLICIES,
     CachettlPolicy,
     ContinuumPolicy,
@@ -22,11 +23,18 @@ from estimator.policies import (
 )
 from estimator.profiles import PROFILES, HardwareProfile, get_profile
 from estimator.signatures import SignatureRegistry, json_signature, shell_signature
-from estimator.ttl import best_ttl_mixture, best_ttl_sorted, exponential_ttl, optimal_ttl
+from estimator.ttl import (
+    best_ttl_mixture,
+    best_ttl_sorted,
+    exponential_ttl,
+    mixture_cdf,
+    optimal_ttl,
+)
 from estimator.workload import MemoryFactor, QueueDelay, RemainingTurns
 
 __all__ = [
     "DEFAULT_TTL_CAP_S",
+    "DEFAULT_TTL_SLACK",
     "POLICIES",
     "PROFILES",
     "CachettlPolicy",
@@ -55,6 +63,7 @@ __all__ = [
     "get_policy",
     "get_profile",
     "json_signature",
+    "mixture_cdf",
     "optimal_ttl",
     "register_policy",
     "shell_signature",

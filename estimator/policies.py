@@ -11,20 +11,22 @@ duration distribution F they trust and which safeguards they add.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from estimator._checks import check_count, check_non_negative
+from estimator._checks import check_count, check_finite, check_non_negative
 from estimator.hierarchy import CONTRADICTION_ALPHA, Level
 from estimator.models import Models
 from estimator.profiles import HardwareProfile
-from estimator.ttl import best_ttl_mixture, exponential_ttl
+from estimator.ttl import best_ttl_mixture, exponential_ttl, mixture_cdf
 
 __all__ = [
     "DEFAULT_TTL_CAP_S",
+    "DEFAULT_TTL_SLACK",
     "POLICIES",
     "CachettlPolicy",
     "ContinuumPolicy",
@@ -43,6 +45,11 @@ COLD_START = "cold-start"
 #: The hard TTL cap, seconds: ``cachettl``'s default and the pin controller's
 #: (``enginehook.rules.SchedulingRules.ttl_cap_s``).
 DEFAULT_TTL_CAP_S = 300.0
+
+#: ``cachettl``'s TTL slack: a pin is held for this multiple of the exact optimum τ*
+#: (capped); 1 holds the optimum itself. Longer holds measured in the simulator:
+#: simulator/README.md, "TTL slack".
+DEFAULT_TTL_SLACK = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,6 +199,7 @@ def _search(
     pressure: float = 1.0,
     prior_samples: float = 0.0,
     contradiction_alpha: float = 0.0,
+    slack: float = 1.0,
 ) -> Decision:
     """Maximise F(τ)·B − λ·τ (λ = ``pressure``, the paper's λ = 1): the same exact search
     on the benefit B/λ. F is the first level with enough samples (the paper's back-off);
@@ -203,7 +211,8 @@ def _search(
     cold-start law) up to the most specific level, a call's own few samples move its TTL
     at once instead of counting for nothing until they number K. With
     ``contradiction_alpha`` > 0 a thin level whose samples clearly contradict the qualified
-    level's decides alone (:meth:`DurationHierarchy.chain`).
+    level's decides alone (:meth:`DurationHierarchy.chain`). With ``slack`` s > 1 the pin
+    is held for s·τ* (at most the cap), its F taken there (:func:`_widen`).
     """
     chain = models.durations.chain(
         facts.tool, facts.tool_args, facts.tenant, levels, contradiction_alpha
@@ -225,15 +234,45 @@ def _search(
             names.append(COLD_START)
         ttl, probability = best_ttl_mixture(parts, load_benefit, cap_s, exp_weight=rest)
         basis = "+".join(names)
+        cdf: Callable[[float], float] = functools.partial(mixture_cdf, parts=parts, exp_weight=rest)
     elif chosen.model is None or chosen.level is None:
         decision = _cold_start(load_benefit, cap_s)
         probability = decision.return_probability
         ttl, basis = decision.ttl_s, decision.basis
+        cdf = _exponential_cdf
     else:
         ttl, probability = chosen.model.best_ttl(load_benefit, cap_s)
         basis = chosen.level.value
+        cdf = chosen.model.cdf
+    if slack > 1.0 and ttl > 0.0:
+        ttl, probability = _widen(ttl, slack, cap_s, cdf)
     expected = probability * benefit - pressure * ttl if ttl > 0 else 0.0
     return Decision(ttl, probability, expected, basis, benefit)
+
+
+def _exponential_cdf(duration_s: float) -> float:
+    """F of the cold-start law, Exp(mean 1 s)."""
+    return -math.expm1(-duration_s)
+
+
+def _widen(
+    ttl: float, slack: float, cap_s: float | None, cdf: Callable[[float], float]
+) -> tuple[float, float]:
+    """``(s·τ*, F(s·τ*))``, the TTL at most ``cap_s``: the optimum with slack.
+
+    The exact search puts τ* on a sample of the window, the longest of a cluster of
+    durations that still pays, so a new call of the same law lands just past it about as
+    often as just before it: the window estimates the law, it is not the law. A pin that
+    lapses by a hair loses the whole benefit B, while holding it s times longer costs
+    (s − 1)·τ* more, little for the short calls where such near misses are common.
+
+    >>> _widen(0.06, 2.0, None, lambda t: min(1.0, t / 0.2))
+    (0.12, 0.6)
+    >>> _widen(0.06, 2.0, 0.1, lambda t: min(1.0, t / 0.2))
+    (0.1, 0.5)
+    """
+    wide = ttl * slack if cap_s is None else min(ttl * slack, cap_s)
+    return wide, cdf(wide)
 
 
 @register_policy
@@ -264,7 +303,8 @@ class CachettlPolicy(TtlPolicy):
     load signals), η from the program's own progress (``per_program``) and, with
     ``prior_samples`` α > 0, levels with too few samples blended into the back-off (see
     ``_search``); a thin level whose own samples clearly contradict the level the back-off
-    reached decides alone (``contradiction_alpha``, a Kolmogorov–Smirnov test; 0: off).
+    reached decides alone (``contradiction_alpha``, a Kolmogorov–Smirnov test; 0: off);
+    a pin is held ``ttl_slack`` times the optimum (see ``_widen``; 1: the optimum itself).
     The defaults are those the simulator's ablation kept
     (simulator/README.md, "cachettl vs the paper").
 
@@ -277,6 +317,8 @@ class CachettlPolicy(TtlPolicy):
     >>> ls = RequestFacts(tool="bash", tool_args="ls src", reload_cost_s=1.0)
     >>> policy.decide(ls, models).ttl_s
     0.1
+    >>> get_policy("cachettl", ttl_cap_s=60.0, ttl_slack=2.0).decide(ls, models).ttl_s
+    0.2
     >>> pytest = RequestFacts(tool="bash", tool_args="pytest", reload_cost_s=1.0)
     >>> policy.decide(pytest, models).ttl_s
     0.0
@@ -293,8 +335,12 @@ class CachettlPolicy(TtlPolicy):
         per_program: bool = True,
         prior_samples: float = 0.0,
         contradiction_alpha: float = CONTRADICTION_ALPHA,
+        ttl_slack: float = DEFAULT_TTL_SLACK,
     ) -> None:
         self.ttl_cap_s = check_non_negative("ttl_cap_s", ttl_cap_s)
+        self.ttl_slack = check_finite("ttl_slack", ttl_slack)
+        if self.ttl_slack < 1.0:
+            raise ValueError(f"ttl_slack must be >= 1, got {ttl_slack!r}")
         self.prior_samples = check_non_negative("prior_samples", prior_samples)
         self.contradiction_alpha = check_non_negative("contradiction_alpha", contradiction_alpha)
         if self.contradiction_alpha >= 1:
@@ -344,6 +390,7 @@ class CachettlPolicy(TtlPolicy):
             self.pressure(facts),
             self.prior_samples,
             self.contradiction_alpha,
+            self.ttl_slack,
         )
 
 

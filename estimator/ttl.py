@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from estimator._checks import check_finite, check_non_negative
 
-__all__ = ["best_ttl_mixture", "best_ttl_sorted", "optimal_ttl"]
+__all__ = ["best_ttl_mixture", "best_ttl_sorted", "mixture_cdf", "optimal_ttl"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -136,6 +136,20 @@ def best_ttl_mixture(
         if own is not None and (own[0] > best[0] or (own[0] == best[0] and own[1] < best[1])):
             best = own
     return best[1], best[2]
+
+
+def mixture_cdf(
+    point_s: float,
+    parts: Sequence[tuple[float, FloatArray]],
+    exp_weight: float = 0.0,
+    exp_mean_s: float = 1.0,
+) -> float:
+    """The mixture CDF of :func:`best_ttl_mixture` at one point.
+
+    >>> mixture_cdf(0.15, [(0.5, np.array([0.1, 0.2])), (0.5, np.array([5.0]))])
+    0.25
+    """
+    return float(_mixture_cdf(np.array([point_s]), parts, exp_weight, exp_mean_s)[0])
 
 
 def _mixture_cdf(

@@ -17,6 +17,7 @@ share               shared cross-tenant priors for cold start                   
 per_program         η from the program's own progress (turns served)             global η
 cpu_reload          a miss costs a CPU reload where a tier exists                on
 ttl_cap_s           hard TTL cap                                                 inf
+ttl_slack           a pin is held this multiple of the optimal TTL (near misses)  1
 budget_share        share of the pool pins may hold                              1
 victim              ``lowest-loss`` (waiting programs last)                      latest
 pressure            ``running``: release pins only for running work              always
@@ -43,7 +44,14 @@ from typing import Any, ClassVar
 
 from enginehook.lifecycle import FinishedTurn
 from enginehook.rules import SchedulingRules
-from estimator import Decision, RequestFacts, SignatureRegistry, TtlPolicy, get_policy
+from estimator import (
+    DEFAULT_TTL_SLACK,
+    Decision,
+    RequestFacts,
+    SignatureRegistry,
+    TtlPolicy,
+    get_policy,
+)
 from estimator.hierarchy import CONTRADICTION_ALPHA
 from simulator.policies.base import Param, paper_tool_key, register_scheduling_policy, rule_params
 from simulator.policies.pinning import PAPER_RULES, PinningPolicy
@@ -80,6 +88,13 @@ def _alpha(value: str) -> float:
     return number
 
 
+def _slack(value: str) -> float:
+    number = float(value)
+    if not 1.0 <= number < float("inf"):
+        raise ValueError("must be a finite number >= 1")
+    return number
+
+
 def _floor(value: str) -> float:
     number = float(value)
     if not 0.0 < number <= 1.0:
@@ -101,6 +116,7 @@ _ESTIMATOR_DEFAULTS: dict[str, Any] = {
     "share": False,
     "per_program": True,
     "cpu_reload": True,
+    "ttl_slack": DEFAULT_TTL_SLACK,
 }
 
 #: Every improvement off: the paper's policy (``continuum``) expressed as ``cachettl``.
@@ -113,6 +129,7 @@ BASE: dict[str, Any] = {
     "share": False,
     "per_program": False,
     "cpu_reload": True,  # the paper's PrefillReload(r): a reload where a tier holds the KV
+    "ttl_slack": 1.0,
     **dataclasses.asdict(
         PAPER_RULES.replace(
             tier_pressure=PAPER_RULES.pressure, tier_order_window_s=PAPER_RULES.order_window_s
@@ -164,6 +181,7 @@ _OWN = {
     "share": Param(_flag, DEFAULTS["share"], "learn and use cross-tenant priors"),
     "per_program": Param(_flag, DEFAULTS["per_program"], "η from the program's progress"),
     "cpu_reload": Param(_flag, DEFAULTS["cpu_reload"], "price a miss as a CPU reload (tier only)"),
+    "ttl_slack": Param(_slack, DEFAULTS["ttl_slack"], "hold pins this multiple of the optimal TTL"),
 }
 
 
@@ -189,6 +207,7 @@ class Cachettl(PinningPolicy):
     share: bool
     per_program: bool
     cpu_reload: bool
+    ttl_slack: float
 
     def ttl_policy(self) -> TtlPolicy:
         return get_policy(
@@ -199,6 +218,7 @@ class Cachettl(PinningPolicy):
             per_program=self.per_program,
             prior_samples=self.prior_samples,
             contradiction_alpha=self.contradiction_alpha,
+            ttl_slack=self.ttl_slack,
         )
 
     @property

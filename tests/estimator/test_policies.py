@@ -189,6 +189,37 @@ def test_cachettl_separates_invocations_and_caps() -> None:
     assert cold.basis == "cold-start"
 
 
+def test_cachettl_slack_holds_a_multiple_of_the_optimum_with_its_own_return_chance() -> None:
+    models = _models("cachettl", min_samples=10)
+    durations = [0.05, 0.1, 0.2, 0.4] * 5  # the optimum at B = 2 s is 0.4 s, F = 1
+    for d in durations:
+        models.record_tool_call("grep", None, d)
+    facts = RequestFacts(tool="grep", reload_cost_s=2.0, queue_delay_s=0.0)
+    exact = get_policy("cachettl").decide(facts, models)
+    assert (exact.ttl_s, exact.return_probability) == (optimal_ttl(durations, 2.0), 1.0)
+    # B = 0.3 s: the optimum is 0.1 s (F = 0.5); twice that is 0.2 s, where F is 0.75.
+    cheap = RequestFacts(tool="grep", reload_cost_s=0.3, queue_delay_s=0.0)
+    wide = get_policy("cachettl", ttl_slack=2.0).decide(cheap, models)
+    assert optimal_ttl(durations, 0.3) == 0.1
+    assert wide.ttl_s == pytest.approx(0.2)
+    assert wide.return_probability == 0.75
+    assert wide.expected_benefit_s == pytest.approx(0.75 * 0.3 - 0.2)
+    # The cap still binds; no pin stays no pin.
+    capped = get_policy("cachettl", ttl_slack=2.0, ttl_cap_s=0.15).decide(cheap, models)
+    assert capped.ttl_s == 0.15
+    never = RequestFacts(tool="grep", reload_cost_s=0.01, queue_delay_s=0.0)
+    assert get_policy("cachettl", ttl_slack=3.0).decide(never, models).ttl_s == 0.0
+    # Cold start: Exp(1 s) gives ln(B); F is taken at the widened TTL.
+    cold = get_policy("cachettl", ttl_slack=2.0).decide(
+        RequestFacts(tool="new", reload_cost_s=3.0, queue_delay_s=0.0), _models("cachettl")
+    )
+    assert cold.ttl_s == pytest.approx(2 * math.log(3.0))
+    assert cold.return_probability == pytest.approx(1 - math.exp(-2 * math.log(3.0)))
+    for bad in (0.5, math.inf, math.nan):
+        with pytest.raises(ValueError, match="ttl_slack must be"):
+            get_policy("cachettl", ttl_slack=bad)
+
+
 def test_cachettl_uses_shared_priors_only_for_sharing_tenants() -> None:
     models = _models("cachettl", min_samples=10)
     for _ in range(20):

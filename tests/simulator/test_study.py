@@ -55,6 +55,10 @@ def test_each_switch_changes_the_policy_it_names() -> None:
         get_scheduling_policy("cachettl(drift=maybe)")
     with pytest.raises(ValueError, match="parameter 'load_floor': must be in"):
         get_scheduling_policy("cachettl(load_floor=0)")
+    slack = get_scheduling_policy("cachettl(ttl_slack=2)")
+    assert slack._ttl.ttl_slack == 2.0  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="parameter 'ttl_slack': must be a finite number >= 1"):
+        get_scheduling_policy("cachettl(ttl_slack=0.5)")
 
 
 def test_simulator_feeds_load_signals_and_progress() -> None:
@@ -220,3 +224,4 @@ def test_the_engine_hook_and_the_estimator_ship_the_defaults_the_ablation_chose(
     assert policy.per_program == DEFAULTS["per_program"]
     assert policy.prior_samples == DEFAULTS["prior_samples"]
     assert policy.ttl_cap_s == DEFAULTS["ttl_cap_s"]
+    assert policy.ttl_slack == DEFAULTS["ttl_slack"]
