@@ -136,8 +136,10 @@ def _hook(config: AgentBenchConfig) -> dict[str, Any]:
     }
 
 
-def _serve(config: AgentBenchConfig, model: Path, work: Path) -> dict[str, tuple[Any, int]]:
-    servers: dict[str, tuple[Any, int]] = {}
+def _serve(
+    config: AgentBenchConfig, model: Path, work: Path, servers: dict[str, tuple[Any, int]]
+) -> None:
+    """Start both servers into ``servers`` (the caller stops them, also on failure)."""
     for name, hook in (("stock", None), ("cachettl", _hook(config))):
         port = free_port()
         proc = start_vllm(
@@ -148,6 +150,7 @@ def _serve(config: AgentBenchConfig, model: Path, work: Path) -> dict[str, tuple
             blocks=config.blocks,
             max_num_seqs=config.max_num_seqs,
             dev_mode=True,  # POST /reset_prefix_cache between replays
+            max_model_len=min(4096, 32 * (config.blocks - 1)),  # one sequence must fit
         )
         servers[name] = (proc, port)
     for name, (proc, port) in servers.items():
@@ -156,7 +159,6 @@ def _serve(config: AgentBenchConfig, model: Path, work: Path) -> dict[str, tuple
             return vllm_ready(proc, port, log)
 
         wait_for(ready, 900, f"the {name} server")
-    return servers
 
 
 def run_agent_bench(config: AgentBenchConfig) -> dict[str, Any]:
@@ -168,8 +170,9 @@ def run_agent_bench(config: AgentBenchConfig) -> dict[str, Any]:
     runs: dict[str, list[AgentRun]] = {"stock": [], "cachettl": []}
     with tempfile.TemporaryDirectory(prefix="cachettl-bench-agent-") as tmp:
         work = Path(tmp)
-        servers = _serve(config, model, work)
+        servers: dict[str, tuple[Any, int]] = {}
         try:
+            _serve(config, model, work, servers)
             for name, (_, port) in servers.items():  # warm-up, outside the measurement
                 warm = AgentBenchConfig(programs=1, steps=1, agent_config=config.agent_config)
                 _replay(f"http://127.0.0.1:{port}/v1", warm, agent_config, f"warm-{name}")

@@ -195,9 +195,11 @@ def run_agent(
     agent = DefaultAgent(model, LocalEnvironment(cwd=str(workdir), **env_cfg), **agent_cfg)
     try:
         result = agent.run(task)
+        run.exit_status = str(result.get("exit_status", ""))
+    except Exception as error:  # e.g. the context window: the program ends there, as in use
+        run.exit_status = type(error).__name__
     finally:
         run.finished_s = time.monotonic()
-    run.exit_status = str(result.get("exit_status", ""))
     _tally(run, agent.messages)
     return run
 
@@ -265,6 +267,7 @@ def start_vllm(
     served_name: str = "smollm2",
     dev_mode: bool = False,
     eager: bool = True,
+    max_model_len: int = 4096,
 ) -> subprocess.Popen[bytes]:
     """vLLM's OpenAI server for ``model`` on ``port`` (prefix caching, blocks of 32 tokens);
     the CacheTTL scheduler configured by ``hook``, or stock vLLM when ``hook`` is None.
@@ -275,7 +278,7 @@ def start_vllm(
 
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     args += ["--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port)]
-    args += ["--dtype", "bfloat16", "--max-model-len", "4096", "--block-size", "32"]
+    args += ["--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--block-size", "32"]
     args += ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--seed", "0"]
     args += ["--max-num-seqs", str(max_num_seqs)]
     if eager:
@@ -296,7 +299,9 @@ def start_vllm(
 def vllm_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> bool:
     """Whether the server answers ``/health``; ``RuntimeError`` with its log's tail if it died."""
     if proc.poll() is not None:
-        raise RuntimeError(f"vLLM server exited {proc.returncode}: {log.read_text()[-3000:]}")
+        text = log.read_text()
+        causes = " | ".join([line for line in text.splitlines() if "Error" in line][-4:])
+        raise RuntimeError(f"vLLM server exited {proc.returncode}: {causes}\n{text[-3000:]}")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
             return bool(r.status == 200)

@@ -178,7 +178,7 @@ def _bench_agent(args: argparse.Namespace) -> int:
         "--programs": (args.programs, 1, 64),
         "--steps": (args.steps, 1, 50),
         "--arrival-window": (args.arrival_window, 0, 3600),
-        "--blocks": (args.blocks, 16, 100_000),
+        "--blocks": (args.blocks, 40, 100_000),
         "--max-num-seqs": (args.max_num_seqs, 1, 256),
         "--repeats": (args.repeats, 1, 20),
         "--min-samples": (args.min_samples, 0, 100_000),
