@@ -30,6 +30,11 @@ as JSON text, which vLLM 0.32 carries to the engine (``vllm_xargs`` values may b
 strings) while it does not carry ``kv_hints``. An envelope already given as that key's
 text is checked the same way; given both, the body's ``kv_hints`` wins.
 
+``X-Dynamo-Session-Final: true`` (Dynamo's mark of a session's last request, sent so that
+per-session state can be released at once) becomes the flat ``release`` hint in
+``vllm_xargs``: the session's pin goes when the request arrives (an envelope's ``release``
+still wins over it, as over every flat hint).
+
 Only ``POST`` to :data:`PATHS` is looked at. A body over ``max_body_bytes`` (default
 32 MiB), one that is not a JSON object, and every other request pass through untouched.
 Unit-testable without vLLM (plain ASGI).
@@ -46,6 +51,7 @@ from typing import Any
 from enginehook.kvhints import XARGS_KEY, parse_kv_hints
 
 __all__ = [
+    "FINAL_HEADER",
     "MAX_SESSION_ID",
     "PATHS",
     "SOURCES",
@@ -54,6 +60,7 @@ __all__ = [
     "SessionIdMiddleware",
     "carry_kv_hints",
     "choose_session",
+    "session_final",
 ]
 
 logger = logging.getLogger("enginehook")
@@ -80,6 +87,8 @@ SOURCES = (
     ("header", "x-claude-code-session-id", False),
     ("body", "prompt_cache_key", False),
 )
+#: Dynamo's header for a session's last request.
+FINAL_HEADER = "x-dynamo-session-final"
 #: The longest session id accepted (the control plane's program-id limit).
 MAX_SESSION_ID = 256
 _MAX_BODY = 32 * 1024 * 1024
@@ -146,6 +155,16 @@ def choose_session(
     return None
 
 
+def session_final(headers: Mapping[str, str]) -> bool:
+    """Whether ``X-Dynamo-Session-Final`` marks this request as its session's last (then
+    it carries the flat ``release`` hint: the session closes when the request arrives).
+    Raises :class:`MalformedRequestError` for a value other than true/false/1/0."""
+    value = headers.get(FINAL_HEADER, "").strip().lower()
+    if value not in ("", "true", "false", "1", "0"):
+        raise MalformedRequestError(FINAL_HEADER, f"must be true or false, got {value!r}")
+    return value in ("true", "1")
+
+
 def carry_kv_hints(body: dict[str, Any]) -> bool:
     """Check the body's envelope and move it into ``vllm_xargs`` (in place); ``True`` when
     the body changed. Raises :class:`MalformedRequestError` naming the field path."""
@@ -198,6 +217,7 @@ class SessionIdMiddleware:
         try:
             changed = carry_kv_hints(body)
             choice = choose_session(headers, body, scope["path"])
+            final = session_final(headers)
         except MalformedRequestError as exc:
             await _bad_request(send, exc)
             return
@@ -206,7 +226,9 @@ class SessionIdMiddleware:
             if choice.source.startswith("x-"):
                 header = choice.source.encode()
             else:
-                changed = _set_xargs_session(body, choice.session_id) or changed
+                changed = _set_xargs(body, "session_id", choice.session_id) or changed
+        if final:
+            changed = _set_xargs(body, "release", True) or changed
         if not (changed or header):
             await self.app(scope, _replay(messages, receive), send)
             return
@@ -275,11 +297,11 @@ def _body_message(raw: bytes) -> Message:
     return {"type": "http.request", "body": raw, "more_body": False}
 
 
-def _set_xargs_session(body: dict[str, Any], session_id: str) -> bool:
+def _set_xargs(body: dict[str, Any], key: str, value: Any) -> bool:
     xargs = body.get("vllm_xargs")
     if xargs is not None and not isinstance(xargs, dict):
         return False  # vLLM answers for its own field
-    body["vllm_xargs"] = {**(xargs or {}), "session_id": session_id}
+    body["vllm_xargs"] = {**(xargs or {}), key: value}
     return True
 
 

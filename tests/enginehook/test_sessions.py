@@ -182,6 +182,19 @@ def test_a_malformed_envelope_is_a_400_naming_the_field_path(
     assert message in r.json()["error"]["message"]
 
 
+def test_dynamos_session_final_header_is_the_release_hint(app: TestClient) -> None:
+    final = {"x-dynamo-session-final": "True", **DYNAMO}
+    session, seen = _seen(app, {"vllm_xargs": {"last_turn": 0}}, final)
+    assert (session, seen["vllm_xargs"]) == ("dyn", {"last_turn": 0, "release": True})
+    _, seen = _seen(app, {"model": "m"}, {"x-dynamo-session-final": "false"})
+    assert seen == {"model": "m"}
+    r = app.post(CHAT, content="{}", headers={"x-dynamo-session-final": "soon"})
+    assert r.status_code == 400
+    assert (
+        r.json()["error"]["message"] == "x-dynamo-session-final must be true or false, got 'soon'"
+    )
+
+
 def test_what_it_does_not_understand_passes_through_untouched() -> None:
     with _client(max_body_bytes=64) as small:
         big = json.dumps({"prompt_cache_key": "p", "pad": "x" * 100})
@@ -443,3 +456,11 @@ def test_a_release_action_frees_the_sessions_pin_at_once(server: Server) -> None
     assert int(server.metrics()["cachettl_pins_held"]) == 0
     calls = [e for e in events if e["kind"] == "tool_call" and e["program_id"] == "released"]
     assert [c["outcome"] for c in calls] == ["unspecified"]
+    # Dynamo's mark of a session's last request does the same.
+    dynamo = {"X-Dynamo-Session-ID": "released-dynamo"}
+    r = _chat(server, messages[:2], {"vllm_xargs": {"tool": "bash"}}, dynamo)
+    assert int(server.metrics()["cachettl_pins_held"]) == 1
+    _chat(server, messages, {}, {**dynamo, "X-Dynamo-Session-Final": "true"})
+    _ended(server, {"released-dynamo"})
+    assert closed() == before + 2
+    assert int(server.metrics()["cachettl_pins_held"]) == 0
