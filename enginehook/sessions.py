@@ -105,11 +105,13 @@ class MalformedRequestError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SessionChoice:
-    """The winning session id, where it came from, and whether vLLM reads it itself."""
+    """The winning session id, where it came from (a header or a body field), and whether
+    vLLM reads it itself."""
 
     session_id: str
     source: str
     vllm_reads: bool
+    header: bool
 
 
 def _check(source: str, value: str) -> str:
@@ -137,7 +139,7 @@ def choose_session(
     none. Raises :class:`MalformedRequestError` naming the source of a malformed winner.
 
     >>> choose_session({"x-dynamo-session-id": "run-1"}, {"prompt_cache_key": "k"})
-    SessionChoice(session_id='run-1', source='x-dynamo-session-id', vllm_reads=False)
+    SessionChoice(session_id='run-1', source='x-dynamo-session-id', vllm_reads=False, header=True)
     >>> choose_session({"x-session-id": "a" * 300}, None)
     Traceback (most recent call last):
     ...
@@ -151,7 +153,7 @@ def choose_session(
         else:
             value = _body_value(body, name)
         if isinstance(value, str) and value:
-            return SessionChoice(_check(name, value), name, own)
+            return SessionChoice(_check(name, value), name, own, kind == "header")
     return None
 
 
@@ -223,7 +225,7 @@ class SessionIdMiddleware:
             return
         header = None
         if choice is not None and not choice.vllm_reads:
-            if choice.source.startswith("x-"):
+            if choice.header:
                 header = choice.source.encode()
             else:
                 changed = _set_xargs(body, "session_id", choice.session_id) or changed
