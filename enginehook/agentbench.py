@@ -61,6 +61,7 @@ class AgentBenchConfig:
     seed: int = 0
     agent_config: Path = DEFAULT_CONFIG
     model_dir: str = ""
+    metrics_port: int = field(default_factory=free_port)
 
 
 def arrivals(config: AgentBenchConfig) -> list[float]:
@@ -128,19 +129,34 @@ def _post(port: int, path: str) -> None:
         pass
 
 
-def _hook(config: AgentBenchConfig) -> dict[str, Any]:
+def _hook(config: AgentBenchConfig, metrics_port: int) -> dict[str, Any]:
     return {
         "policy": config.policy,
         "policy_params": dict(config.policy_params),
         "min_samples": config.min_samples,
+        "metrics_listen": f"127.0.0.1:{metrics_port}",
     }
+
+
+def hook_counters(port: int) -> dict[str, float]:
+    """The hook's pin counters from its ``/metrics`` endpoint on ``port``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    counters: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith(("cachettl_pins_taken", "cachettl_pinned_prefix_hits")) or (
+            name.startswith("cachettl_pin_releases_total")
+        ):
+            counters[name] = float(value)
+    return counters
 
 
 def _serve(
     config: AgentBenchConfig, model: Path, work: Path, servers: dict[str, tuple[Any, int]]
 ) -> None:
     """Start both servers into ``servers`` (the caller stops them, also on failure)."""
-    for name, hook in (("stock", None), ("cachettl", _hook(config))):
+    for name, hook in (("stock", None), ("cachettl", _hook(config, config.metrics_port))):
         port = free_port()
         proc = start_vllm(
             model,
@@ -183,10 +199,13 @@ def run_agent_bench(config: AgentBenchConfig) -> dict[str, Any]:
                     _post(port, "/reset_prefix_cache")
                     url = f"http://127.0.0.1:{port}/v1"
                     runs[name] += _replay(url, config, agent_config, f"r{rep}-{name}")
+            counters = hook_counters(config.metrics_port)
         finally:
             for proc, _ in servers.values():
                 stop_process(proc)
-    return _report(config, runs)
+    report = _report(config, runs)
+    report["hook_counters"] = counters  # warm-up included
+    return report
 
 
 def _report(config: AgentBenchConfig, runs: dict[str, list[AgentRun]]) -> dict[str, Any]:

@@ -229,3 +229,9 @@ def _print_agent(report: dict[str, Any]) -> None:
         f"{'ratio':<9} {report['mean_jct_ratio']:>8.2f}x {report['p90_jct_ratio']:>8.2f}x "
         f"{report['first_turn_p90_ratio']:>12.2f}x"
     )
+    counters = report["hook_counters"]
+    print(
+        f"hook: {counters.get('cachettl_pins_taken_total', 0):.0f} pins taken, "
+        f"{counters.get('cachettl_pinned_prefix_hits_total', 0):.0f} pinned-prefix hits "
+        f"(warm-up included); commands run: {', '.join(report['commands'])}"
+    )
