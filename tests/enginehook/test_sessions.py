@@ -273,7 +273,7 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     port = free_port()
     proc = _start(tiny_model, port, hook, work / "vllm.log")
     try:
-        wait_for(lambda: vllm_healthy(proc, port, work / "vllm.log"), 300, "the vLLM server")
+        wait_for(lambda: vllm_healthy(proc, port, work / "vllm.log"), 600, "the vLLM server")
         yield Server(f"http://127.0.0.1:{port}/v1", str(tiny_model), event_log, metrics_port)
     finally:
         proc.send_signal(signal.SIGTERM)
