@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +30,18 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None
 
 
 def start_vllm_server(
-    model: Path, port: int, hook: dict[str, Any], log: Path
+    model: Path, port: int, hook: dict[str, Any], log: Path, extra_args: Sequence[str] = ()
 ) -> subprocess.Popen[bytes]:
     """The tiny model behind vLLM's OpenAI server on ``port`` (96 blocks of 32 tokens,
-    four sequences) with the CacheTTL scheduler configured by ``hook``; output to ``log``."""
+    four sequences) with the CacheTTL scheduler configured by ``hook``, then
+    ``extra_args`` (e.g. ``--middleware``); output to ``log``."""
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     args += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"]
     args += ["--max-model-len", "2048", "--block-size", "32", "--num-gpu-blocks-override", "96"]
     args += ["--enable-prefix-caching", "--max-num-seqs", "4", "--enable-prompt-tokens-details"]
     args += ["--scheduler-cls", hook_scheduler_cls()]
     args += ["--additional-config", json.dumps({"cachettl": hook}), "--seed", "0"]
+    args += extra_args
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     with log.open("wb") as out:

@@ -5,10 +5,8 @@ driven by the ``openai`` client (what the hook makes of it: programs, TTLs, rele
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,10 +21,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from enginehook.compat import hook_scheduler_cls
 from enginehook.kvhints import RETENTION_ACTION, XARGS_KEY
 from enginehook.sessions import PATHS, SessionIdMiddleware
-from tests.enginehook.processes import free_port, vllm_healthy, wait_for
+from tests.enginehook.processes import free_port, start_vllm_server, vllm_healthy, wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -244,20 +241,7 @@ class Server:
         return dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
 
 
-def _start(model: Path, port: int, hook: dict[str, Any], log: Path) -> subprocess.Popen[bytes]:
-    """vLLM's OpenAI server as ``tests.enginehook.processes.start_vllm_server`` starts it,
-    with the session-id middleware."""
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-    args += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"]
-    args += ["--max-model-len", "2048", "--block-size", "32", "--num-gpu-blocks-override", "96"]
-    args += ["--enable-prefix-caching", "--max-num-seqs", "4", "--enable-prompt-tokens-details"]
-    args += ["--scheduler-cls", hook_scheduler_cls()]
-    args += ["--additional-config", json.dumps({"cachettl": hook}), "--seed", "0"]
-    args += ["--middleware", "enginehook.sessions.SessionIdMiddleware"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    with log.open("wb") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+_MIDDLEWARE = ("--middleware", "enginehook.sessions.SessionIdMiddleware")
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +255,7 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "metrics_listen": f"127.0.0.1:{metrics_port}",
     }
     port = free_port()
-    proc = _start(tiny_model, port, hook, work / "vllm.log")
+    proc = start_vllm_server(tiny_model, port, hook, work / "vllm.log", _MIDDLEWARE)
     try:
         wait_for(lambda: vllm_healthy(proc, port, work / "vllm.log"), 600, "the vLLM server")
         yield Server(f"http://127.0.0.1:{port}/v1", str(tiny_model), event_log, metrics_port)
