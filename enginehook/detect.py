@@ -7,11 +7,18 @@ Sources, in order of trust:
 3. The client's ``tool`` hint (the agent knows what it is about to run).
 4. A ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` block in the text (the
    Hermes/Qwen format that vLLM's ``hermes`` parser reads).
-5. mini-swe-agent's rule: exactly one fenced ```` ```bash ```` block is the action; its
-   submit command (``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``) ends the program.
+5. mini-swe-agent's rule: exactly one action block is the action; its submit command
+   (``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``) ends the program. The blocks are those
+   of mini-swe-agent 2.4's configurations: a fence of ```` ```mswea_bash_command ```` (its
+   default and text-based ones) or ```` ```bash ```` (earlier releases, and most custom
+   configs), or a ``<mswea_bash_command>`` tag (its XML configs).
 
 >>> detect_tool_call("Let me look.\\n```bash\\nls -la\\n```")
 DetectedCall(name='bash', arguments='ls -la', source='bash-block')
+>>> detect_tool_call("THOUGHT: list\\n```mswea_bash_command\\nls src\\n```").arguments
+'ls src'
+>>> detect_tool_call("<mswea_bash_command>grep -rn foo .</mswea_bash_command>").arguments
+'grep -rn foo .'
 >>> detect_tool_call("Two blocks\\n```bash\\nls\\n```\\n```bash\\npwd\\n```") is None
 True
 >>> detect_tool_call("x", hint="search").name
@@ -32,7 +39,11 @@ __all__ = ["SUBMIT_MARKER", "DetectedCall", "detect_tool_call"]
 #: mini-swe-agent's submission command: the turn that runs it is the program's last.
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
-_BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n?```", re.DOTALL)
+_BASH_BLOCK = re.compile(
+    r"```(?:bash|mswea_bash_command)\s*\n(.*?)\n?```"
+    r"|<mswea_bash_command>(.*?)</mswea_bash_command>",
+    re.DOTALL,
+)
 _TOOL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _MAX_ARGS_CHARS = 4096
 
@@ -67,7 +78,8 @@ def _from_bash_block(text: str) -> DetectedCall | None:
     blocks = _BASH_BLOCK.findall(text)
     if len(blocks) != 1:
         return None
-    command = blocks[0].strip()
+    fenced, tagged = blocks[0]
+    command = (fenced or tagged).strip()
     if SUBMIT_MARKER in command:
         return None
     return DetectedCall("bash", command[:_MAX_ARGS_CHARS], "bash-block")
