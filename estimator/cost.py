@@ -3,7 +3,11 @@
 Prefill time is a quadratic in context tokens (attention is quadratic, everything else
 linear), fitted with scikit-learn to a profile table of ``(tokens, seconds)`` points and
 refined online: observed timings join the profile points and the curve is refitted every
-``refit_every`` observations. Reload time is KV bytes over the offload bandwidth.
+``refit_every`` observations. A profile is a roofline of some other machine, so once
+``min_observed`` timings are in, the curve is also scaled by the median ratio of the
+observed timings to it: an engine several times slower (or faster) than its profile is
+priced as measured after a handful of prefills, whatever token counts they had. Reload
+time is KV bytes over the offload bandwidth.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class CostModel(Estimator):
         How many observed timings are kept for refitting.
     refit_every
         Refit after this many new observations.
+    min_observed
+        Observed timings before the curve is scaled to them (the first refit comes then).
 
     >>> model = CostModel([(1000, 0.1), (2000, 0.25), (4000, 0.7)], kv_bytes_per_token=131072,
     ...                   offload_bandwidth_bps=50e9)
@@ -54,6 +60,7 @@ class CostModel(Estimator):
         offload_bandwidth_bps: float | None = None,
         observed_window: int = 512,
         refit_every: int = 32,
+        min_observed: int = 8,
     ) -> None:
         points = [(float(t), float(s)) for t, s in prefill_points]
         for i, (tokens, seconds) in enumerate(points):
@@ -66,11 +73,14 @@ class CostModel(Estimator):
             check_positive("offload_bandwidth_bps", offload_bandwidth_bps)
         if check_count("refit_every", refit_every) < 1:
             raise ValueError(f"refit_every must be >= 1, got {refit_every!r}")
+        if check_count("min_observed", min_observed) < 1:
+            raise ValueError(f"min_observed must be >= 1, got {min_observed!r}")
         self.prefill_points = points
         self.kv_bytes_per_token = kv_bytes_per_token
         self.offload_bandwidth_bps = offload_bandwidth_bps
         self.observed_window = observed_window
         self.refit_every = refit_every
+        self.min_observed = min_observed
         self._observed: deque[tuple[float, float]] = deque(maxlen=observed_window)
         self._since_fit = 0
         self._coef = (0.0, 0.0, 0.0)  # c0 + c1·t + c2·t²
@@ -95,8 +105,13 @@ class CostModel(Estimator):
         weights = 1.0 / np.maximum(seconds, 1e-6) ** 2
         fit = LinearRegression(positive=True).fit(x, seconds, sample_weight=weights)
         c1, c2 = (float(c) for c in fit.coef_)
-        self._coef = (max(float(fit.intercept_), 0.0), c1 / scale, c2 / scale**2)
-        self._since_fit = 0
+        coef = (max(float(fit.intercept_), 0.0), c1 / scale, c2 / scale**2)
+        self._coef, self._since_fit = coef, 0
+        if len(self._observed) >= self.min_observed:
+            seen = np.array(self._observed, dtype=np.float64)
+            predicted = np.array([self.prefill_s(t) for t in seen[:, 0]])
+            ratio = float(np.median(seen[:, 1] / np.maximum(predicted, 1e-9)))
+            self._coef = (coef[0] * ratio, coef[1] * ratio, coef[2] * ratio)
 
     def update(self, tokens: int, seconds: float) -> None:
         """Learn one observed prefill of ``tokens`` tokens that took ``seconds``."""
@@ -104,7 +119,7 @@ class CostModel(Estimator):
         seconds = check_duration("seconds", seconds)
         self._observed.append((float(tokens), seconds))
         self._since_fit += 1
-        if self._since_fit >= self.refit_every:
+        if self._since_fit >= self.refit_every or len(self._observed) == self.min_observed:
             self._fit()
 
     def prefill_s(self, tokens: float) -> float:

@@ -114,6 +114,23 @@ def test_cost_model_fits_the_profile_and_learns_online() -> None:
     assert CostModel([(1, 1.0), (2, 2.0)], 10).reload_s(5) == float("inf")
 
 
+def test_cost_model_prices_an_engine_far_from_its_profile_as_measured() -> None:
+    """A CPU engine 12x slower than the GPU roofline it starts from, timed on a narrow band
+    of prompt sizes with noise: after ``min_observed`` prefills the curve is at the
+    measured level there, and before that it is the profile's."""
+    profile = get_profile("llama3.1-8b-h100")
+    model = CostModel.from_profile(profile)
+    rng = np.random.default_rng(0)
+    for i in range(model.min_observed):
+        tokens = int(rng.integers(400, 1200))
+        if i == model.min_observed - 1:
+            assert model.prefill_s(800) == pytest.approx(profile.prefill_s(800), rel=0.05)
+        model.update(tokens, 12 * profile.prefill_s(tokens) * float(rng.uniform(0.8, 1.25)))
+    assert model.prefill_s(800) == pytest.approx(12 * profile.prefill_s(800), rel=0.25)
+    with pytest.raises(ValueError, match="min_observed must be >= 1"):
+        CostModel([(1, 1.0), (2, 2.0)], 10, min_observed=0)
+
+
 def test_profiles_are_consistent() -> None:
     assert set(PROFILES) == {"llama3.1-8b-h100", "llama3.1-8b-a100", "llama3.1-70b-h100-tp4"}
     h100, a100 = get_profile("llama3.1-8b-h100"), get_profile("llama3.1-8b-a100")
