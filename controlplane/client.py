@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -62,7 +62,9 @@ class TtlDecision:
     """The answer of ``decide_ttl`` (seconds throughout). ``kv_hints``: the decision as a
     KV-hint envelope in its JSON form (one ``cachettl.retention`` action with ``ttl_s``),
     to forward to an engine as is (``enginehook.kvhints``); ``None`` from a server that
-    does not send one."""
+    does not send one. Two decisions are equal when they decide the same: the envelope
+    is left out of the comparison (its ``message_id`` is unique to each answer, and its
+    payload restates ``ttl_s``)."""
 
     ttl_s: float
     return_probability: float
@@ -70,7 +72,7 @@ class TtlDecision:
     basis: str
     model_version: int
     benefit_s: float
-    kv_hints: dict[str, Any] | None = None
+    kv_hints: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
