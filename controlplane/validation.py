@@ -122,19 +122,27 @@ def _optional_count(at: str, event: events_pb2.ToolCallEvent, field: str) -> int
     return _tokens(f"{at}.{field}", getattr(event, field), LIMITS.context_tokens)
 
 
+_WITH_CAUSE = frozenset({MissReason.NOT_PINNED, MissReason.PREFIX_CACHE})
+_WITH_EXPIRY = frozenset({MissReason.EXPIRED, MissReason.PREFIX_CACHE})
+
+
 def _turn_cache(at: str, event: events_pb2.ToolCallEvent, limits: Limits) -> TurnCache:
     """The returning turn's cache report; every field optional, each checked."""
     reason = _enum(f"{at}.miss_reason", event.miss_reason, MissReason)
+    # A turn the prefix cache served after all keeps its pin's story (no pin taken, and
+    # why; or how late after its pin's expiry it came back).
     cause = _enum(f"{at}.not_pinned_cause", event.not_pinned_cause, NotPinnedCause)
-    if cause is not NotPinnedCause.UNSPECIFIED and reason is not MissReason.NOT_PINNED:
+    if cause is not NotPinnedCause.UNSPECIFIED and reason not in _WITH_CAUSE:
         raise InvalidInputError(
-            f"{at}.not_pinned_cause", f"only with miss_reason NOT_PINNED, got {reason.name}"
+            f"{at}.not_pinned_cause",
+            f"only with miss_reason NOT_PINNED or PREFIX_CACHE, got {reason.name}",
         )
     expired_by = None
     if event.HasField("expired_by"):
-        if reason is not MissReason.EXPIRED:
+        if reason not in _WITH_EXPIRY:
             raise InvalidInputError(
-                f"{at}.expired_by", f"only with miss_reason EXPIRED, got {reason.name}"
+                f"{at}.expired_by",
+                f"only with miss_reason EXPIRED or PREFIX_CACHE, got {reason.name}",
             )
         expired_by = duration_s(f"{at}.expired_by", event.expired_by, limits)
     hit = _optional_count(at, event, "hit_tokens")

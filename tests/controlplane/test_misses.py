@@ -33,6 +33,9 @@ from controlplane.schema import HEAD_REVISION
 from controlplane.service import ControlPlane
 from controlplane.sql_store import SqlStore
 from controlplane.store import Store, create_store
+from enginehook.cplink import to_tool_call
+from enginehook.pins import ReleaseReason
+from enginehook.tracker import CacheSeen, ToolCallTracker
 
 from .conftest import ServerThread, pg_url, running
 
@@ -170,11 +173,11 @@ def _event(**fields: object) -> events_pb2.ToolCallEvent:
         ({"not_pinned_cause": 9}, "events[1].not_pinned_cause: unknown value 9"),
         (
             {"miss_reason": 1, "not_pinned_cause": 4},
-            "events[1].not_pinned_cause: only with miss_reason NOT_PINNED, got HIT",
+            "events[1].not_pinned_cause: only with miss_reason NOT_PINNED or PREFIX_CACHE, got HIT",
         ),
         (
             {"miss_reason": 1, "expired_by_s": 3},
-            "events[1].expired_by: only with miss_reason EXPIRED, got HIT",
+            "events[1].expired_by: only with miss_reason EXPIRED or PREFIX_CACHE, got HIT",
         ),
         ({"miss_reason": 4, "expired_by_s": -3}, "events[1].expired_by: must be >= 0"),
         ({"hit_tokens": 2_000_000_000}, "events[1].hit_tokens: must be at most 1000000000"),
@@ -310,3 +313,31 @@ def test_stored_first_revision_file_upgrades_to_unreported_reasons(tmp_path: Pat
         assert store.list_misses("acme", MissQuery()) == []
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("db_url", SQL_BACKENDS, indirect=True)
+def test_the_engines_own_reports_of_turns_the_prefix_cache_served_are_accepted(served) -> None:
+    """A turn served by the prefix cache after all keeps its pin's story: how late after
+    its pin's expiry it came back, or why no pin was taken. The tracker reports both, and
+    the server stores them as sent."""
+    _, client, store = served
+    tracker = ToolCallTracker("e1", "acme")
+    tracker.finished("late", 0.0, tool="bash", tool_args="ls", ttl_s=1.0, pinned=True)
+    tracker.pin_released("late", ReleaseReason.TTL)
+    tracker.finished("cold", 0.0, tool="bash", tool_args="ls", not_pinned=NotPinnedCause.TTL_ZERO)
+    served_anyway = CacheSeen(hit_tokens=160, reusable_tokens=160)
+    for program in ("late", "cold"):
+        tracker.arrived(program, 3.0)
+    late = tracker.returned("late", 3.5, pin_held=False, seen=served_anyway)
+    cold = tracker.returned("cold", 3.5, pin_held=False, seen=served_anyway)
+    assert late is not None
+    assert late.event is not None
+    assert cold is not None
+    assert cold.event is not None
+    assert late.cache.reason is cold.cache.reason is R.PREFIX_CACHE
+    assert late.cache.expired_by_s == pytest.approx(2.0)
+    assert cold.cache.not_pinned_cause is NotPinnedCause.TTL_ZERO
+    calls = [to_tool_call(late.event), to_tool_call(cold.event)]
+    assert client.record_tool_calls(calls).accepted == 2
+    stored = [r.call for r in store.read_tool_calls(0, 100)][-2:]
+    assert stored == calls
