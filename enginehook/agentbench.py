@@ -16,7 +16,6 @@ tokens, as the server reports them), turns and format errors; and the hook's rat
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 import tempfile
@@ -41,6 +40,7 @@ from enginehook.agentrun import (
     vllm_ready,
     wait_for,
 )
+from enginehook.bench import p90
 
 __all__ = ["AgentBenchConfig", "arrivals", "run_agent_bench", "summarize"]
 
@@ -79,11 +79,6 @@ def arrivals(config: AgentBenchConfig) -> list[float]:
     return out
 
 
-def _p90(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
-
-
 def summarize(runs: list[AgentRun]) -> dict[str, float]:
     """Mean/P90 JCT, first-turn latency P90, hit share, turns and format errors of ``runs``."""
     jct = [r.jct_s for r in runs]
@@ -91,8 +86,8 @@ def summarize(runs: list[AgentRun]) -> dict[str, float]:
     prompt = sum(r.prompt_tokens for r in runs)
     return {
         "mean_jct_s": statistics.fmean(jct),
-        "p90_jct_s": _p90(jct),
-        "first_turn_p90_s": _p90(first) if first else 0.0,
+        "p90_jct_s": p90(jct),
+        "first_turn_p90_s": p90(first) if first else 0.0,
         "prefix_hit_share": sum(r.cached_tokens for r in runs) / max(1, prompt),
         "turns": float(sum(r.turns for r in runs)),
         "format_errors": float(sum(r.format_errors for r in runs)),

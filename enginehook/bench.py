@@ -121,14 +121,15 @@ class RunResult:
     def summary(self) -> dict[str, float]:
         return {
             "mean_jct_s": statistics.fmean(self.jct_s),
-            "p90_jct_s": _p90(self.jct_s),
-            "first_turn_wait_p90_s": _p90(self.first_wait_s),
+            "p90_jct_s": p90(self.jct_s),
+            "first_turn_wait_p90_s": p90(self.first_wait_s),
             "prefix_hit_share": self.cached_tokens / max(1, self.prompt_tokens),
             "wall_s": self.wall_s,
         }
 
 
-def _p90(values: list[float]) -> float:
+def p90(values: list[float]) -> float:
+    """The nearest-rank 90th percentile of ``values`` (one of them)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
 

@@ -4,6 +4,7 @@ and shutdown of the engine."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,38 @@ def make_llm(model: Path, hook_config: dict[str, Any] | None, **kw: Any) -> Any:
         args["additional_config"] = {"cachettl": hook_config}
     args.update(kw)
     return LLM(**args)
+
+
+#: The hook of the in-process engine tests: a fixed 30 s TTL on every tool, half the pool
+#: as the pin budget, pins released only for running requests.
+HOOK: dict[str, Any] = {
+    "policy": "fixed",
+    "policy_params": {"ttl_s": 30.0, "skip_slow_tools": False},
+    "budget_share": 0.5,
+    "pressure": "running",
+    "ttl_cap_s": 600.0,
+}
+
+
+def logged_driver(model: Path, log: Path) -> Iterator[Driver]:
+    """A module's engine with :data:`HOOK` and an event log at ``log``
+    (``driver.log_path``); shut down after the module."""
+    from transformers import AutoTokenizer
+
+    llm = make_llm(model, {**HOOK, "event_log": str(log)})
+    drv = Driver(llm, AutoTokenizer.from_pretrained(str(model)))
+    drv.log_path = log  # type: ignore[attr-defined]
+    yield drv
+    shutdown(llm)
+
+
+def fresh_clock(driver: Driver) -> Iterator[FakeClock]:
+    """A fresh injected clock and an empty prefix cache for each test."""
+    fake = FakeClock()
+    driver.scheduler.clock = fake
+    yield fake
+    assert driver.scheduler.reset_prefix_cache()
+    assert len(driver.scheduler.pins) == 0
 
 
 def shutdown(llm: Any) -> None:

@@ -25,10 +25,10 @@ from enginehook.kvhints import (
     to_vllm,
 )
 from enginehook.lifecycle import FinishedTurn, PinController
-from enginehook.pins import Pin, ReleaseReason
 from enginehook.rules import SchedulingRules
 from enginehook.tracker import PinOutcome, ToolCallEvent
 from estimator import Decision, RequestFacts
+from tests.enginehook.hosts import MinimalHost
 
 
 def _envelope(*actions: dict[str, Any]) -> dict[str, Any]:
@@ -138,32 +138,6 @@ def test_the_wire_form_round_trips() -> None:
     assert parse_kv_hints(back) == Retention(ttl_s=42.5, tool="bash", release=False)
 
 
-class _Host:
-    """The smallest engine: free tokens, nothing waiting, released pins recorded."""
-
-    def __init__(self) -> None:
-        self.freed: list[tuple[str, str]] = []
-        self.events: list[object] = []
-
-    def free_tokens(self) -> int:
-        return 10_000
-
-    def waiting_requests(self) -> list[tuple[str | None, int]]:
-        return []
-
-    def waiting_programs(self) -> set[str]:
-        return set()
-
-    def pinned_tokens(self, pin: Pin[str]) -> int:
-        return pin.blocks * 16
-
-    def pin_released(self, pin: Pin[str], reason: ReleaseReason) -> None:
-        self.freed.append((pin.program_id, reason.value))
-
-    def emit(self, event: object) -> None:
-        self.events.append(event)
-
-
 class _Fixed:
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
@@ -172,8 +146,8 @@ class _Fixed:
         return Decision(turn.ttl_s if turn.ttl_s is not None else self.ttl, 0.9, 1.0, "fixed")
 
 
-def _controller(ttl: float, cap: float = 300.0) -> tuple[PinController[str], _Host]:
-    host = _Host()
+def _controller(ttl: float, cap: float = 300.0) -> tuple[PinController[str], MinimalHost]:
+    host = MinimalHost(free=10_000)
     rules = SchedulingRules(ttl_cap_s=cap)
     return PinController(rules, host, pool_blocks=100, decider=_Fixed(ttl), engine_id="t"), host
 

@@ -9,7 +9,6 @@ import pytest
 from controlplane.records import MissReason, NotPinnedCause, PinOutcome, TurnCache
 from enginehook.lifecycle import FinishedTurn, PinController
 from enginehook.metrics import HookMetrics
-from enginehook.pins import Pin, ReleaseReason
 from enginehook.rules import SchedulingRules
 from enginehook.tracker import (
     PREFIX_BLOCKS_KEPT,
@@ -22,34 +21,9 @@ from enginehook.tracker import (
     event_record,
 )
 from estimator import Decision, RequestFacts
+from tests.enginehook.hosts import MinimalHost
 
 BS = 16
-
-
-class _Host:
-    """The smallest engine: free tokens, a waiting list, released pins, events."""
-
-    def __init__(self) -> None:
-        self.waiting: list[tuple[str | None, int]] = []
-        self.events: list[object] = []
-
-    def free_tokens(self) -> int:
-        return 1_000
-
-    def waiting_requests(self) -> list[tuple[str | None, int]]:
-        return self.waiting
-
-    def waiting_programs(self) -> set[str]:
-        return {p for p, _ in self.waiting if p}
-
-    def pinned_tokens(self, pin: Pin[str]) -> int:
-        return pin.blocks * BS
-
-    def pin_released(self, pin: Pin[str], reason: ReleaseReason) -> None:
-        pass
-
-    def emit(self, event: object) -> None:
-        self.events.append(event)
 
 
 class _Fixed:
@@ -62,8 +36,8 @@ class _Fixed:
 
 def _controller(
     ttl: float = 5.0, pool_blocks: int = 100, budget_share: float = 0.5
-) -> tuple[PinController[str], _Host]:
-    host = _Host()
+) -> tuple[PinController[str], MinimalHost]:
+    host = MinimalHost(block_size=BS)
     rules = SchedulingRules(budget_share=budget_share)
     return PinController(
         rules, host, pool_blocks=pool_blocks, decider=_Fixed(ttl), engine_id="t"

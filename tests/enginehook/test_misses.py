@@ -17,41 +17,21 @@ from typing import Any
 
 import pytest
 
-from tests.enginehook.driver import BLOCK, Driver, FakeClock, make_llm, shutdown
+from tests.enginehook.driver import BLOCK, Driver, FakeClock, fresh_clock, logged_driver
 
 pytestmark = pytest.mark.slow
-
-HOOK = {
-    "policy": "fixed",
-    "policy_params": {"ttl_s": 30.0, "skip_slow_tools": False},
-    "budget_share": 0.5,
-    "pressure": "running",
-    "ttl_cap_s": 600.0,
-}
 
 
 @pytest.fixture(scope="module")
 def driver(
     tiny_model: Path, inproc: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Driver]:
-    from transformers import AutoTokenizer
-
-    log = tmp_path_factory.mktemp("misses") / "events.jsonl"
-    llm = make_llm(tiny_model, {**HOOK, "event_log": str(log)})
-    drv = Driver(llm, AutoTokenizer.from_pretrained(str(tiny_model)))
-    drv.log_path = log  # type: ignore[attr-defined]
-    yield drv
-    shutdown(llm)
+    yield from logged_driver(tiny_model, tmp_path_factory.mktemp("misses") / "events.jsonl")
 
 
 @pytest.fixture
 def clock(driver: Driver) -> Iterator[FakeClock]:
-    """A fresh injected clock and an empty prefix cache for each test."""
-    fake = FakeClock()
-    driver.scheduler.clock = fake
-    yield fake
-    assert driver.scheduler.reset_prefix_cache()
-    assert len(driver.scheduler.pins) == 0
+    yield from fresh_clock(driver)
 
 
 def _cache(driver: Driver, program: str) -> dict[str, Any]:

@@ -11,10 +11,11 @@ import pytest
 
 from enginehook.config import HookConfig
 from enginehook.lifecycle import FinishedTurn, PinController
-from enginehook.pins import Pin, ReleaseReason
+from enginehook.pins import Pin
 from enginehook.pressure import PressureRule
 from enginehook.rules import ORDERINGS, VICTIMS, SchedulingRules
 from estimator import DEFAULT_TTL_CAP_S, Decision, RequestFacts
+from tests.enginehook.hosts import MinimalHost
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("enginehook", "simulator", "estimator", "controlplane")
@@ -130,33 +131,6 @@ def test_victim_strategies() -> None:
     assert VICTIMS["lowest-loss"](pins, 0, 0.0, ()) == []
 
 
-class _Host:
-    """The smallest engine: a free-token count, a waiting list, blocks given back."""
-
-    def __init__(self) -> None:
-        self.waiting: list[tuple[str | None, int]] = []
-        self.freed: list[tuple[str, str]] = []
-        self.events: list[object] = []
-
-    def free_tokens(self) -> int:
-        return 1_000
-
-    def waiting_requests(self) -> list[tuple[str | None, int]]:
-        return self.waiting
-
-    def waiting_programs(self) -> set[str]:
-        return {p for p, _ in self.waiting if p}
-
-    def pinned_tokens(self, pin: Pin[str]) -> int:
-        return pin.blocks * 16
-
-    def pin_released(self, pin: Pin[str], reason: ReleaseReason) -> None:
-        self.freed.append((pin.program_id, reason.value))
-
-    def emit(self, event: object) -> None:
-        self.events.append(event)
-
-
 class _Fixed:
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
@@ -167,8 +141,8 @@ class _Fixed:
         return Decision(self.ttl, 0.9, 1.0, "fixed", 2.0)
 
 
-def _controller(rules: SchedulingRules, ttl: float = 5.0) -> tuple[PinController[str], _Host]:
-    host = _Host()
+def _controller(rules: SchedulingRules, ttl: float = 5.0) -> tuple[PinController[str], MinimalHost]:
+    host = MinimalHost()
     return PinController(rules, host, pool_blocks=100, decider=_Fixed(ttl), engine_id="t"), host
 
 
