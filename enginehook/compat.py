@@ -1,9 +1,9 @@
 """Refuse to start on a vLLM whose internals differ from the ones the hook was built on.
 
-The hook overrides narrow scheduler hooks and relies on block reference counts and queue
-methods of vLLM's v1 core (listed below). On another version those may have moved; the
-engine then fails at start-up with a message naming the tested versions rather than
-corrupting the KV cache.
+The hook overrides narrow scheduler hooks and relies on block reference counts, queue
+methods and block-hash attributes of vLLM's v1 core (listed below). On another version
+those may have moved; the engine then fails at start-up with a message naming the tested
+versions rather than corrupting the KV cache.
 
 What the hook cannot use does not stop the engine: without prefix caching a pin could
 never be hit, and state (Mamba), chunked-local, cross-attention and sliding-window-only KV
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ATTRIBUTES",
     "INTERNALS",
     "TESTED_VERSIONS",
     "VERSION_NOTES",
@@ -112,6 +113,15 @@ INTERNALS: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("v1/core/block_pool.py", "BlockPool", "get_num_free_blocks"): ("self",),
 }
 
+#: ``(module, class) -> instance attributes`` the hook reads: a request's ``block_hashes``
+#: (of ``hash_block_size`` tokens, the scheduler's and the block pool's). They exist only on
+#: instances, so a version must assign each as ``self.<name>`` in the class's own source.
+ATTRIBUTES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("v1/request.py", "Request"): ("block_hashes",),
+    ("v1/core/sched/scheduler.py", "Scheduler"): ("hash_block_size",),
+    ("v1/core/block_pool.py", "BlockPool"): ("hash_block_size",),
+}
+
 _QUEUE_METHODS = {
     "add_request",
     "pop_request",
@@ -155,6 +165,9 @@ def compat_problems(version: str | None = None) -> list[str]:
             continue
         params = list(inspect.signature(function).parameters)
         problems += _mismatch(f"{cls_name}.{method}", params, expected)
+    for (path, cls_name), names in ATTRIBUTES.items():
+        module = importlib.import_module("vllm." + path.removesuffix(".py").replace("/", "."))
+        problems += _attribute_problems(Path(inspect.getfile(module)), cls_name, names)
     abstract = set(getattr(RequestQueue, "__abstractmethods__", ()))
     if abstract != _QUEUE_METHODS:
         problems.append(
@@ -179,6 +192,8 @@ def source_problems(package: str | Path) -> list[str]:
             continue
         params = [a.arg for a in node.args.posonlyargs + node.args.args]
         problems += _mismatch(f"{cls_name}.{method}", params, expected)
+    for (path, cls_name), names in ATTRIBUTES.items():
+        problems += _attribute_problems(root / path, cls_name, names)
     queue = _methods(root / "v1/core/sched/request_queue.py", "RequestQueue")
     abstract = {
         name
@@ -192,15 +207,45 @@ def source_problems(package: str | Path) -> list[str]:
     return problems
 
 
-def _methods(path: Path, cls_name: str) -> dict[str, Any]:
+def _class(path: Path, cls_name: str) -> ast.ClassDef | None:
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.ClassDef) and node.name == cls_name:
-            return {
-                n.name: n
-                for n in node.body
-                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-            }
-    return {}
+            return node
+    return None
+
+
+def _methods(path: Path, cls_name: str) -> dict[str, Any]:
+    node = _class(path, cls_name)
+    if node is None:
+        return {}
+    return {n.name: n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def _self_attributes(node: ast.ClassDef) -> set[str]:
+    """Names the class's methods assign as ``self.<name>``, and its properties."""
+    assigned = {
+        n.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.ctx, ast.Store)
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "self"
+    }
+    properties = {
+        n.name
+        for n in node.body
+        if isinstance(n, ast.FunctionDef)
+        and any(ast.unparse(d) == "property" for d in n.decorator_list)
+    }
+    return assigned | properties
+
+
+def _attribute_problems(path: Path, cls_name: str, names: tuple[str, ...]) -> list[str]:
+    node = _class(path, cls_name)
+    if node is None:
+        return [f"{cls_name} missing from {path.name}"]
+    assigned = _self_attributes(node)
+    return [f"{cls_name}.{name} attribute missing" for name in names if name not in assigned]
 
 
 def check_vllm(version: str | None = None) -> None:

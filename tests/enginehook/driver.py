@@ -129,6 +129,20 @@ def logged_driver(model: Path, log: Path) -> Iterator[Driver]:
     shutdown(llm)
 
 
+def logged_events(driver: Driver) -> list[dict[str, Any]]:
+    """The events in :func:`logged_driver`'s log, once its writer has written every event
+    submitted so far."""
+    import json
+
+    from enginehook.link import JsonlSink
+
+    sink = driver.scheduler.services.sink
+    assert isinstance(sink, JsonlSink)
+    assert sink.flush(10.0), "the event log's writer is stalled"
+    path: Path = driver.log_path  # type: ignore[attr-defined]
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def fresh_clock(driver: Driver) -> Iterator[FakeClock]:
     """A fresh injected clock and an empty prefix cache for each test."""
     fake = FakeClock()

@@ -6,14 +6,20 @@ tested without sleeping. Other traffic between turns churns the small KV pool.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.enginehook.driver import BLOCK, Driver, FakeClock, fresh_clock, logged_driver
+from tests.enginehook.driver import (
+    BLOCK,
+    Driver,
+    FakeClock,
+    fresh_clock,
+    logged_driver,
+    logged_events,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +37,7 @@ def clock(driver: Driver) -> Iterator[FakeClock]:
 
 
 def _events(driver: Driver) -> list[dict[str, Any]]:
-    path: Path = driver.log_path  # type: ignore[attr-defined]
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return logged_events(driver)
 
 
 def _churn(driver: Driver, n: int = 6, words: int = 700) -> None:

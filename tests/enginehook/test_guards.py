@@ -21,6 +21,28 @@ def test_tested_version_passes_and_others_are_refused_by_name():
     assert vllm.__version__ in TESTED_VERSIONS
 
 
+def test_a_release_without_an_attribute_the_hook_reads_is_refused(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from enginehook.compat import ATTRIBUTES, INTERNALS, source_problems
+
+    installed = Path(vllm.__file__).parent
+    files = {path for path, _, _ in INTERNALS} | {path for path, _ in ATTRIBUTES}
+    for path in [*files, "v1/core/sched/request_queue.py"]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(installed / path, tmp_path / path)
+    assert source_problems(tmp_path) == []
+    pool = tmp_path / "v1/core/block_pool.py"
+    pool.write_text(pool.read_text().replace("self.hash_block_size", "self.hash_size"))
+    request = tmp_path / "v1/request.py"
+    request.write_text(request.read_text().replace("self.block_hashes", "self.hashes"))
+    assert source_problems(tmp_path) == [
+        "Request.block_hashes attribute missing",
+        "BlockPool.hash_block_size attribute missing",
+    ]
+
+
 def _config(*specs: Any) -> Any:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 

@@ -10,14 +10,20 @@ between turns churns the small KV pool so that unpinned blocks are evicted.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.enginehook.driver import BLOCK, Driver, FakeClock, fresh_clock, logged_driver
+from tests.enginehook.driver import (
+    BLOCK,
+    Driver,
+    FakeClock,
+    fresh_clock,
+    logged_driver,
+    logged_events,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +42,7 @@ def clock(driver: Driver) -> Iterator[FakeClock]:
 
 def _cache(driver: Driver, program: str) -> dict[str, Any]:
     """The cache report of the program's last tool-call event in the event log."""
-    path: Path = driver.log_path  # type: ignore[attr-defined]
-    events = [json.loads(line) for line in path.read_text().splitlines()]
+    events = logged_events(driver)
     calls = [e for e in events if e["program_id"] == program and e["kind"] == "tool_call"]
     assert calls, f"no tool-call event of {program}"
     cache: dict[str, Any] = calls[-1]["cache"]
@@ -126,8 +131,7 @@ def test_a_turn_without_a_tool_call_is_counted_by_the_hook(driver, clock):
     _two_turns(driver, clock, "E", {})
     after = driver.scheduler.metrics.snapshot()["turn_misses"]
     assert after.get("not_pinned/no_tool", 0) == before + 1
-    path: Path = driver.log_path
-    events = [json.loads(line) for line in path.read_text().splitlines()]
+    events = logged_events(driver)
     assert [e["kind"] for e in events if e["program_id"] == "E"] == ["program_end"]
 
 
