@@ -401,16 +401,43 @@ class PinController(Generic[H]):
         nothing_running: bool,
         now: float,
         fits: Callable[[], bool] | None = None,
+        waited_s: float = 0.0,
     ) -> int:
         """Release pins for a request that cannot get ``needed_blocks`` blocks, if the
         pressure rule in force allows it: the victim strategy's pins in order (never the
         requester's own), until ``fits()`` says the request fits (all chosen, without
-        ``fits``). Returns how many were released."""
-        if not len(self.pins) or not may_release(
-            self._pressure, for_running=for_running, nothing_running=nothing_running
-        ):
+        ``fits``). Returns how many were released.
+
+        Where the running rule refuses a waiting request, ``first_turn_reclaim`` still
+        lets a new program's first turn (a program with nothing served yet) take the pins
+        whose expected loss (the latency their program would lose by a miss) is below
+        ``waited_s``, the time it has waited: past that point the newcomer has lost more by
+        waiting than the pin's program would lose, and with memory held by pins it has no
+        other way in. Only priced pins (a benefit B > 0) of programs with no request
+        waiting qualify; a request without a program (non-agent traffic) takes none."""
+        if not len(self.pins):
             return 0
         pins = [p for p in self.pins if p.program_id != requester]
+        if not may_release(
+            self._pressure, for_running=for_running, nothing_running=nothing_running
+        ):
+            if not (
+                self._pressure is PressureRule.RUNNING
+                and self.rules.first_turn_reclaim
+                and requester is not None
+                and self.attained_tokens(requester) == 0
+            ):
+                return 0
+            waiting = self.host.waiting_programs()
+            pins = [
+                p
+                for p in pins
+                if p.benefit_s > 0
+                and p.program_id not in waiting
+                and p.expected_loss_s(now) < waited_s
+            ]
+            if not pins:
+                return 0
         released = 0
         for victim in self._victims(pins, needed_blocks, now, self.host.waiting_programs()):
             self.pins.release(victim.program_id, ReleaseReason.PRESSURE)

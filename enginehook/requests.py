@@ -20,6 +20,7 @@ from enginehook.lifecycle import FinishedTurn
 from enginehook.priority import SortedWaitQueue
 
 __all__ = [
+    "ADDED_ATTR",
     "ADMITTED_ATTR",
     "HINTS_ATTR",
     "ProgramRequestQueue",
@@ -30,6 +31,8 @@ __all__ = [
 
 #: Where a request's :class:`Hints` are kept (set at ``add_request``).
 HINTS_ATTR = "_cachettl_hints"
+#: Where the time the hook first saw a request is kept (the scheduler's clock).
+ADDED_ATTR = "_cachettl_added_at"
 #: Where the time of a request's admission is kept.
 ADMITTED_ATTR = "_cachettl_admitted_at"
 

@@ -275,6 +275,14 @@ class SchedulingRules:
             "had arrived this much earlier (inf: before every returning turn; 0: the paper)"
         },
     )
+    first_turn_reclaim: bool = field(
+        default=True,
+        metadata={
+            "help": "under the running rule, a new program's first turn may release a priced "
+            "pin once it has waited longer than the pin's expected loss (the latency the "
+            "pin's program would lose); off: only running or preempted work releases pins"
+        },
+    )
     budget_share: float = field(
         default=1.0, metadata={"help": "share of the KV pool pins may hold at once"}
     )
@@ -316,6 +324,10 @@ class SchedulingRules:
         set_(self, "ttl_cap_s", _check_seconds("ttl_cap_s", self.ttl_cap_s, finite=False))
         head = _check_seconds("first_turn_head_start_s", self.first_turn_head_start_s, finite=False)
         set_(self, "first_turn_head_start_s", head)
+        if not isinstance(self.first_turn_reclaim, bool):
+            raise ValueError(
+                f"first_turn_reclaim must be true or false, got {self.first_turn_reclaim!r}"
+            )
         share = self.budget_share
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
             raise ValueError(f"budget_share must be in [0, 1], got {share!r}")
@@ -383,6 +395,13 @@ def _from_text(name: str, text: str) -> Any:
     """A rule's value from its text form."""
     if name in ("tier_pressure", "tier_order_window_s") and text.strip().lower() == "none":
         return None
+    if name == "first_turn_reclaim":
+        flag = text.strip().lower()
+        if flag in ("1", "true", "on", "yes"):
+            return True
+        if flag in ("0", "false", "off", "no"):
+            return False
+        raise ValueError(f"{name} must be one of: 0, 1, true, false, on, off; got {text!r}")
     if name.endswith("_s") or name == "budget_share":
         try:
             return float(text)

@@ -37,6 +37,7 @@ from enginehook.config import HookConfig
 from enginehook.lifecycle import PinController
 from enginehook.pins import Pin, ReleaseReason
 from enginehook.requests import (
+    ADDED_ATTR,
     ADMITTED_ATTR,
     HINTS_ATTR,
     ProgramRequestQueue,
@@ -138,6 +139,7 @@ class CacheTTLMixin:
     def add_request(self, request: Request) -> None:
         hints = read_hints(request)
         setattr(request, HINTS_ATTR, hints)
+        setattr(request, ADDED_ATTR, self.clock())
         if request.session_id and self.active:
             now, tenant = self.clock(), self.cachettl.tenant
             self.controller.arrived(
@@ -242,13 +244,15 @@ class CacheTTLMixin:
             got.append(self._allocate(request, *args, **kwargs))
             return got[-1] is not None
 
+        now = self.clock()
         self.controller.relieve(
             self.pins.pinned_blocks,
             request.session_id,
             for_running=request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED),
             nothing_running=not any(r is not request for r in self.running),
-            now=self.clock(),
+            now=now,
             fits=fits,
+            waited_s=now - getattr(request, ADDED_ATTR, now),
         )
         return got[-1]
 

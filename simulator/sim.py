@@ -216,6 +216,7 @@ class Simulation:
             for_running=running or request.preempted,
             nothing_running=not self.engine.running,
             now=now,
+            waited_s=now - request.arrival,
         )
         if released:
             self.engine.waiting.mark_dirty()

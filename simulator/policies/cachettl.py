@@ -21,6 +21,8 @@ ttl_slack           a pin is held this multiple of the optimal TTL (near misses)
 budget_share        share of the pool pins may hold                              1
 victim              ``lowest-loss`` (waiting programs last)                      latest
 pressure            ``running``: release pins only for running work              always
+first_turn_reclaim  under ``running``, a new program's first turn may release a     off
+                    pin once it has waited longer than the pin's expected loss
 order_window_s      bound on a returning turn's program-order head start         0
 new first           ``first_turn_head_start_s``: a new program's first turn is   0
                     ordered this long before its arrival (inf: before every
@@ -152,6 +154,7 @@ IMPROVEMENTS: dict[str, dict[str, Any]] = {
     "running-only pressure": {"pressure": RULES.pressure},
     "order window 30 s": {"order_window_s": 30.0},
     "new programs first": {"first_turn_head_start_s": RULES.first_turn_head_start_s},
+    "first turns reclaim pins": {"first_turn_reclaim": RULES.first_turn_reclaim},
 }
 
 _MIN_SAMPLES = PinningPolicy.PARAMS["min_samples"]

@@ -52,6 +52,7 @@ PAPER_RULES = SchedulingRules(
     order_window_s=0.0,
     tier_order_window_s=None,
     first_turn_head_start_s=0.0,
+    first_turn_reclaim=False,
     budget_share=1.0,
     ttl_cap_s=math.inf,
     victim="latest-arrival",

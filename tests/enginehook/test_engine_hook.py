@@ -132,6 +132,62 @@ def test_pressure_releases_pins_without_stall_or_preemption(driver, clock):
         sched._preempt_request = original
 
 
+class _Priced:
+    """The module's fixed-TTL decisions with a value estimate, F(τ) = 0.9 and B = 2 s (a
+    fixed TTL carries none, and pins without one are never reclaimed)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def decide(self, facts: Any, turn: Any) -> Any:
+        import dataclasses
+
+        decision = self.inner.decide(facts, turn)
+        return dataclasses.replace(decision, return_probability=0.9, benefit_s=2.0)
+
+
+def test_a_new_programs_first_turn_reclaims_a_pin_once_it_has_waited_its_loss(driver, clock):
+    """Pins fill the pool while another request runs: the running rule keeps them from a
+    waiting request, but a new program's first turn takes one once it has waited longer
+    than the pin's expected loss (F·B = 1.8 s over the 30 s TTL still to run)."""
+    from vllm.v1.request import RequestStatus
+
+    sched = driver.scheduler
+    controller = sched.controller
+    decider = controller.decider
+
+    def status(rid: str) -> Any:
+        (request,) = [r for key, r in sched.requests.items() if key.startswith(rid)]
+        return request.status
+
+    controller.decider = _Priced(decider)
+    try:
+        for name in ("P", "Q"):
+            driver.run(f"{name}-1", driver.words(600), 32, session=name, xargs={"tool": "bash"})
+            clock.advance(1.0)
+        assert sched.pins.pinned_blocks == 2 * ((600 + 32) // BLOCK)
+        driver.add("busy", driver.words(200), 64)
+        driver.engine.step()  # busy prefills and runs
+        driver.add("N-1", driver.words(1900), 4, session="N", xargs={"tool": "bash"})
+        driver.add("one-shot", driver.words(1900), 4)  # no session: never takes a pin
+        before = sched.metrics.snapshot()["pressure_releases"]
+        clock.advance(1.0)  # N has waited 1 s, less than either pin's loss (about 1.7 s)
+        driver.engine.step()
+        assert status("N-1") == RequestStatus.WAITING
+        assert sched.metrics.snapshot()["pressure_releases"] == before
+        assert len(sched.pins) == 2
+        clock.advance(1.0)
+        driver.engine.step()
+        assert status("busy") == RequestStatus.RUNNING
+        assert status("N-1") == RequestStatus.RUNNING
+        assert sched.metrics.snapshot()["pressure_releases"] == before + 1
+        assert "P" not in sched.pins  # the lower loss: less of its TTL left
+        assert "Q" in sched.pins
+    finally:
+        controller.decider = decider
+        driver.drain()
+
+
 def test_waiting_order_follows_the_priority_key(driver, clock):
     sched = driver.scheduler
     driver.run("Old-1", driver.words(50), 2, session="Old", xargs={"tool": "bash", "pin": 0})

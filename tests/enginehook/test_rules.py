@@ -197,6 +197,39 @@ def test_running_pressure_rule_and_the_load_signals() -> None:
     assert controller.load(200) == (340 + 700 + 300, 1_000)
 
 
+def test_a_first_turn_reclaims_a_pin_once_it_has_waited_longer_than_the_pins_loss() -> None:
+    controller, host = _controller(SchedulingRules())  # pressure: running
+    for program in ("a", "r"):
+        controller.arrived(program, 0.0, 0.0)
+        turn = FinishedTurn(program, "bash", None, 160)
+        controller.finished(turn, 0.0, lambda p=program: (10, p))  # type: ignore[misc]
+    (pin,) = [p for p in controller.pins if p.program_id == "a"]
+    loss = pin.expected_loss_s(1.0)  # F·B = 0.9 × 2 s, 4 of the 5 s still to run: 1.44 s
+    assert loss == pytest.approx(1.44)
+    assert controller.attained_tokens("r") > 0
+    assert controller.attained_tokens("n") == 0
+
+    def relieve(requester: str, waited_s: float) -> int:
+        return controller.relieve(
+            10, requester, for_running=False, nothing_running=False, now=1.0, waited_s=waited_s
+        )
+
+    assert relieve("n", loss - 0.1) == 0  # the newcomer has lost less than a miss would cost
+    assert relieve("r", 100.0) == 0  # a returning turn keeps the program order's rule
+    host.waiting = [("r", 200)]
+    assert relieve("n", loss + 0.1) == 1  # r's pin is about to pay off: only a's goes
+    assert host.freed == [("a", "pressure")]
+    assert controller.pinned("r")
+    assert not controller.pinned("a")
+    off, _ = _controller(SchedulingRules(first_turn_reclaim=False))
+    off.arrived("a", 0.0, 0.0)
+    off.finished(FinishedTurn("a", "bash", None, 160), 0.0, lambda: (10, "a"))
+    assert off.relieve(10, "n", for_running=False, nothing_running=False, now=1.0, waited_s=9) == 0
+    with pytest.raises(ValueError, match="first_turn_reclaim must be one of: 0, 1"):
+        SchedulingRules.parse({"first_turn_reclaim": "sometimes"})
+    assert SchedulingRules.parse({"first_turn_reclaim": "off"}).first_turn_reclaim is False
+
+
 def test_orderings_are_registered_and_priority_comes_first() -> None:
     assert {"fcfs", "program", "program-fcfs", "pinned-program", "plas"} <= set(ORDERINGS)
     controller, _ = _controller(SchedulingRules(first_turn_head_start_s=0.0))  # the paper's
