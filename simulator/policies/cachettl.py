@@ -154,7 +154,11 @@ IMPROVEMENTS: dict[str, dict[str, Any]] = {
     "running-only pressure": {"pressure": RULES.pressure},
     "order window 30 s": {"order_window_s": 30.0},
     "new programs first": {"first_turn_head_start_s": RULES.first_turn_head_start_s},
-    "first turns reclaim pins": {"first_turn_reclaim": RULES.first_turn_reclaim},
+    # Reclaiming refines the running rule (under "always" any request releases pins).
+    "running-only pressure, first turns reclaim": {
+        "pressure": RULES.pressure,
+        "first_turn_reclaim": RULES.first_turn_reclaim,
+    },
 }
 
 _MIN_SAMPLES = PinningPolicy.PARAMS["min_samples"]
