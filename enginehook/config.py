@@ -86,10 +86,11 @@ class HookConfig:
     receives every tool-call and program-end event (empty: none). ``metrics_listen``:
     ``host:port`` where the hook serves ``/metrics`` in Prometheus format (empty: off).
     ``idle_program_s``: a program whose tool call has not returned for this long is
-    forgotten. ``cpu_tier``: whether a miss is priced as a reload from a CPU copy of the KV
-    instead of a full prefill: ``auto`` (detected from the engine's KV connector and
-    offloading options, :func:`detect_cpu_tier`), ``on`` or ``off``; while it is on the
-    rules' tier settings apply.
+    forgotten, and its end reported with the turns it was served. ``cpu_tier``: whether
+    a miss is priced as a reload from a CPU copy of the KV instead of a full prefill:
+    ``auto`` (detected from the engine's KV connector and offloading options,
+    :func:`detect_cpu_tier`), ``on`` or ``off``; while it is on the rules' tier settings
+    apply.
     """
 
     enabled: bool = True

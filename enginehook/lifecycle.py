@@ -447,13 +447,15 @@ class PinController(Generic[H]):
         return released
 
     def forget_idle(self, now: float, idle_s: float) -> list[str]:
-        """Forget programs whose tool call finished over ``idle_s`` ago without a return."""
-        gone: list[str] = []
+        """Forget programs whose tool call finished over ``idle_s`` ago without a return,
+        and report each one's end (the turns it was served). Returns their ids."""
+        ended: list[ProgramEndEvent] = []
         for tracker in self._trackers.values():
-            gone += tracker.forget_idle(now, idle_s)
-        for program in gone:
-            self._forget(program)
-        return gone
+            ended += tracker.forget_idle(now, idle_s)
+        for event in ended:
+            self._forget(event.program_id)
+            self.host.emit(event)
+        return [event.program_id for event in ended]
 
     def release_all(self, reason: ReleaseReason = ReleaseReason.SHUTDOWN) -> None:
         """End every pin (prefix-cache reset, shutdown)."""

@@ -407,23 +407,36 @@ class ToolCallTracker:
             f"{self.engine_id}:{program_id}:end", program_id, self.tenant, turns, now
         )
 
-    def forget_idle(self, now: float, idle_s: float) -> list[str]:
+    def forget_idle(self, now: float, idle_s: float) -> list[ProgramEndEvent]:
         """Drop programs whose last tool call finished over ``idle_s`` ago without a return
-        (abandoned programs), so memory stays bounded. Returns their ids. A program whose
-        last turn called no tool only loses its pending return (as before, it is not
-        forgotten)."""
+        (abandoned programs: an agent stopped by its step limit, a client gone), so memory
+        stays bounded. Returns each one's end, ``total_turns`` the turns it was served and
+        ``ended_at`` its last turn's finish: the program did end there, and leaving it out
+        would bias the turn-count statistics towards programs that say when they end. A
+        program whose last turn called no tool only loses its pending return (as before,
+        it is not forgotten)."""
         stale = [
             pid
             for pid, p in self._pending.items()
             if p.arrived_at is None and now - p.finished_at > idle_s
         ]
-        gone = []
+        ended = []
         for pid in stale:
             self._drop_prefix(pid)
-            if self._pending.pop(pid).tool is not None:
-                self._turns.pop(pid, None)
-                gone.append(pid)
-        return gone
+            pending = self._pending.pop(pid)
+            if pending.tool is not None:
+                turns = self._turns.pop(pid, 0)
+                if turns:
+                    ended.append(
+                        ProgramEndEvent(
+                            f"{self.engine_id}:{pid}:end",
+                            pid,
+                            self.tenant,
+                            turns,
+                            pending.finished_at,
+                        )
+                    )
+        return ended
 
     def __len__(self) -> int:
         return len(self._turns)

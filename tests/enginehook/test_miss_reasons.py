@@ -228,7 +228,7 @@ def test_kept_prefixes_are_bounded_oldest_first_and_dropped_with_their_program()
     assert not t.keep_prefix("b", _hashes(3))  # no turn waiting to return
     t.finished("c", 0.0, tool="bash")
     t.keep_prefix("c", _hashes(3))
-    assert t.forget_idle(100.0, idle_s=10.0) == ["a", "c"]
+    assert [end.program_id for end in t.forget_idle(100.0, idle_s=10.0)] == ["a", "c"]
     assert t._prefix_blocks == 0
 
 

@@ -14,6 +14,7 @@ from enginehook.lifecycle import FinishedTurn, PinController
 from enginehook.pins import Pin
 from enginehook.pressure import PressureRule
 from enginehook.rules import ORDERINGS, VICTIMS, SchedulingRules
+from enginehook.tracker import ProgramEndEvent
 from estimator import DEFAULT_TTL_CAP_S, Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
 
@@ -228,6 +229,22 @@ def test_a_first_turn_reclaims_a_pin_once_it_has_waited_longer_than_the_pins_los
     with pytest.raises(ValueError, match="first_turn_reclaim must be one of: 0, 1"):
         SchedulingRules.parse({"first_turn_reclaim": "sometimes"})
     assert SchedulingRules.parse({"first_turn_reclaim": "off"}).first_turn_reclaim is False
+
+
+def test_an_abandoned_program_is_forgotten_and_its_end_reported() -> None:
+    controller, host = _controller(SchedulingRules())
+    controller.arrived("s", 0.0, 0.0)
+    controller.finished(FinishedTurn("s", "bash", None, 160), 1.0, lambda: (10, "s"))
+    controller.arrived("s", 2.0, 2.0)
+    controller.admitted("s", 2.0)
+    controller.finished(FinishedTurn("s", "bash", None, 320), 3.0, lambda: (20, "s"))
+    assert controller.forget_idle(50.0, idle_s=60.0) == []  # not idle long enough
+    assert controller.forget_idle(100.0, idle_s=60.0) == ["s"]  # a step limit, say
+    end = host.events[-1]
+    assert isinstance(end, ProgramEndEvent)
+    assert (end.program_id, end.total_turns, end.ended_at) == ("s", 2, 3.0)
+    assert controller.attained_tokens("s") == 0  # forgotten: a later turn starts anew
+    assert controller.forget_idle(200.0, idle_s=60.0) == []
 
 
 def test_orderings_are_registered_and_priority_comes_first() -> None:

@@ -156,7 +156,9 @@ def test_forget_idle_bounds_memory():
     t.finished("gone", 0.0, tool="bash")
     t.finished("back", 0.0, tool="bash")
     t.arrived("back", 50.0)
-    assert t.forget_idle(100.0, idle_s=60.0) == ["gone"]
+    (end,) = t.forget_idle(100.0, idle_s=60.0)
+    # An abandoned program ended where its last turn finished, after the turns it was served.
+    assert (end.program_id, end.total_turns, end.ended_at) == ("gone", 1, 0.0)
     assert t.turns_served("gone") == 0
     assert t.returning("back")
 
