@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,7 +15,24 @@ from typing import Any
 from enginehook.agentrun import free_port, wait_for
 from enginehook.compat import hook_scheduler_cls
 
-__all__ = ["free_port", "start_vllm_server", "vllm_healthy", "wait_for"]
+__all__ = ["free_port", "settled_events", "start_vllm_server", "vllm_healthy", "wait_for"]
+
+
+def settled_events(path: Path, quiet_s: float = 0.5, timeout_s: float = 30.0) -> list[Any]:
+    """The records of a server's event log once it has stopped growing for ``quiet_s``
+    (its writer thread may lag the HTTP replies by a moment); ``[]`` if it never appears."""
+    deadline = time.monotonic() + timeout_s
+    size, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now_size = path.stat().st_size if path.exists() else -1
+        if now_size != size:
+            size, since = now_size, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.05)
+    if size < 0:
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def start_vllm_server(

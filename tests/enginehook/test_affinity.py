@@ -6,7 +6,6 @@ The hook does not route; this shows the proxy set-up documented in enginehook/RE
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import signal
@@ -21,7 +20,12 @@ from typing import Any
 import pytest
 
 from enginehook.tinymodel import random_words
-from tests.enginehook.processes import free_port, start_vllm_server, vllm_healthy
+from tests.enginehook.processes import (
+    free_port,
+    settled_events,
+    start_vllm_server,
+    vllm_healthy,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -146,7 +150,7 @@ def test_sessions_stick_to_the_engine_holding_their_pin(proxy, tiny_model):
         assert (details.cached_tokens or 0) >= 250 // 32 * 32, s
     served: list[set[str]] = []
     for log in logs:
-        events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        events = settled_events(log)
         served.append({e["program_id"] for e in events if e["program_id"].startswith("prog-")})
     assert served[0] | served[1] == set(sessions)
     assert not served[0] & served[1]

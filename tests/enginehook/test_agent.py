@@ -35,6 +35,7 @@ from enginehook.agentrun import (
     wait_for,
 )
 from enginehook.detect import SUBMIT_MARKER
+from tests.enginehook.processes import settled_events
 
 pytestmark = pytest.mark.slow
 
@@ -62,9 +63,7 @@ class Finished:
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return settled_events(path)
 
 
 def _metrics(port: int) -> dict[str, str]:
