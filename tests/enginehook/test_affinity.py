@@ -107,30 +107,30 @@ def _client(base_url: str) -> Any:
     return OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
 
 
+def _three_per_engine(client: Any, model: str, addresses: list[str]) -> list[list[str]]:
+    """Three session names per engine. Where the hash ring puts a name depends on the
+    engines' ports, drawn at random, so the names are chosen by asking the proxy (a
+    one-token request, no tool, no pin, whose upstream nginx reports)."""
+    placed: list[list[str]] = [[], []]
+    for i in range(64):
+        raw = client.completions.with_raw_response.create(
+            model=model, prompt="ping", max_tokens=1, extra_headers={"X-Session-ID": f"prog-{i}"}
+        )
+        home = placed[addresses.index(raw.headers["x-upstream"])]
+        if len(home) < 3:
+            home.append(f"prog-{i}")
+        if all(len(p) == 3 for p in placed):
+            return placed
+    raise AssertionError(f"the proxy sent 64 sessions to one engine: {placed}")
+
+
 def test_sessions_stick_to_the_engine_holding_their_pin(proxy, tiny_model):
     base_url, logs, addresses = proxy
     client = _client(base_url)
     rng = random.Random(5)
     model = str(tiny_model)
 
-    def engine_of(session: str) -> int:
-        """Which engine nginx routes ``session`` to (a one-token request, no tool, no pin)."""
-        raw = client.completions.with_raw_response.create(
-            model=model, prompt="ping", max_tokens=1, extra_headers={"X-Session-ID": session}
-        )
-        position: int = addresses.index(raw.headers["x-upstream"])
-        return position
-
-    # Three sessions per engine: where the hash ring puts a name depends on the engines'
-    # ports, drawn at random, so the names are chosen by asking the proxy.
-    placed: list[list[str]] = [[], []]
-    for i in range(64):
-        home = placed[engine_of(f"prog-{i}")]
-        if len(home) < 3:
-            home.append(f"prog-{i}")
-        if all(len(p) == 3 for p in placed):
-            break
-    assert all(len(p) == 3 for p in placed), f"the proxy sent 64 sessions to one engine: {placed}"
+    placed = _three_per_engine(client, model, addresses)
     sessions = placed[0] + placed[1]
     prompts = {s: random_words(rng, 250) for s in sessions}
     first: dict[str, str] = {}
