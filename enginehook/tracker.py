@@ -25,9 +25,11 @@ For each program the tracker follows one cycle per tool call::
 ``returned`` gives a :class:`ReturningTurn` for every returning turn (also after a turn
 with no tool call, which has no event); ``admitted`` its :class:`ToolCallEvent` with all
 of the above; ``program_end`` a :class:`ProgramEndEvent`. Event ids are
-``<engine id>:<program>:<turn>`` (or ``:end``), unique per engine instance, so a receiver
-can drop duplicates. ``event_record`` / ``event_from_record`` are the events' one JSON
-form (event log, spill files).
+``<engine id>:<program>:<life>:<turn>`` (or ``:end``), unique per engine instance, so a
+receiver can drop duplicates; ``<life>`` numbers the programs started on this tracker, so a
+program id used again (after its end, or after it was forgotten as abandoned) gets fresh
+ids instead of being dropped as a repeat of its first run. ``event_record`` /
+``event_from_record`` are the events' one JSON form (event log, spill files).
 
 Memory: one pending entry per program between a turn and its return (``forget_idle``
 drops abandoned ones) and at most ``PREFIX_BLOCKS_KEPT`` kept block hashes in all; past
@@ -40,7 +42,7 @@ divergence check).
 >>> t.arrived("p", 10.5)
 >>> ev = t.admitted("p", 10.6, pin_held=True)
 >>> (ev.event_id, ev.duration_s, ev.outcome.label, round(ev.admission_delay_s, 3))
-('e1:p:0', 0.5, 'hit', 0.1)
+('e1:p:0:0', 0.5, 'hit', 0.1)
 >>> ev.queue_delay_sample, event_from_record(event_record(ev)) == ev
 (False, True)
 >>> t.program_end("p", 20.0).total_turns
@@ -265,6 +267,9 @@ class ToolCallTracker:
         self.engine_id = engine_id
         self.tenant = tenant
         self._turns: dict[str, int] = {}
+        #: Each live program's number among the programs started here (see event ids).
+        self._lives: dict[str, int] = {}
+        self._started = 0
         self._pending: dict[str, _Pending] = {}
         #: Previous turns' block hashes, oldest first, and how many they are in all.
         self._prefixes: dict[str, Sequence[object]] = {}
@@ -291,6 +296,9 @@ class ToolCallTracker:
         Returns the turn's index (0-based)."""
         turn = self._turns.get(program_id, 0)
         self._turns[program_id] = turn + 1
+        if turn == 0:
+            self._lives[program_id] = self._started
+            self._started += 1
         self._drop_prefix(program_id)
         outcome = PinOutcome.HIT if pinned else PinOutcome.NOT_PINNED
         if tool is None:
@@ -380,7 +388,7 @@ class ToolCallTracker:
         if pending.tool is None:
             return ReturningTurn(program_id, cache)
         event = ToolCallEvent(
-            event_id=f"{self.engine_id}:{program_id}:{pending.turn_index}",
+            event_id=self._event_id(program_id, pending.turn_index),
             program_id=program_id,
             tenant=self.tenant,
             tool_name=pending.tool,
@@ -400,12 +408,19 @@ class ToolCallTracker:
         """The program ended; ``None`` if it never finished a turn here."""
         self._pending.pop(program_id, None)
         self._drop_prefix(program_id)
-        turns = self._turns.pop(program_id, 0)
-        if turns == 0:
+        if program_id not in self._turns:
             return None
-        return ProgramEndEvent(
-            f"{self.engine_id}:{program_id}:end", program_id, self.tenant, turns, now
-        )
+        event_id = self._event_id(program_id, "end")
+        turns = self._end(program_id)
+        return ProgramEndEvent(event_id, program_id, self.tenant, turns, now)
+
+    def _event_id(self, program_id: str, turn: int | str) -> str:
+        return f"{self.engine_id}:{program_id}:{self._lives.get(program_id, 0)}:{turn}"
+
+    def _end(self, program_id: str) -> int:
+        """Forget the program's life; returns the turns it was served."""
+        self._lives.pop(program_id, None)
+        return self._turns.pop(program_id, 0)
 
     def forget_idle(self, now: float, idle_s: float) -> list[ProgramEndEvent]:
         """Drop programs whose last tool call finished over ``idle_s`` ago without a return
@@ -424,18 +439,12 @@ class ToolCallTracker:
         for pid in stale:
             self._drop_prefix(pid)
             pending = self._pending.pop(pid)
-            if pending.tool is not None:
-                turns = self._turns.pop(pid, 0)
-                if turns:
-                    ended.append(
-                        ProgramEndEvent(
-                            f"{self.engine_id}:{pid}:end",
-                            pid,
-                            self.tenant,
-                            turns,
-                            pending.finished_at,
-                        )
-                    )
+            if pending.tool is not None and pid in self._turns:
+                event_id = self._event_id(pid, "end")
+                turns = self._end(pid)
+                ended.append(
+                    ProgramEndEvent(event_id, pid, self.tenant, turns, pending.finished_at)
+                )
         return ended
 
     def __len__(self) -> int:

@@ -146,9 +146,41 @@ def test_event_ids_unique_per_turn_and_program_end_counts_turns():
     end = t.program_end("p", 4.0)
     assert end is not None
     assert end.total_turns == 4
-    assert end.event_id == "eng:p:end"
-    assert ids == ["eng:p:0", "eng:p:1", "eng:p:2"]
+    assert end.event_id == "eng:p:0:end"
+    assert ids == ["eng:p:0:0", "eng:p:0:1", "eng:p:0:2"]
     assert t.program_end("p", 5.0) is None
+
+
+def test_a_program_id_used_again_gets_fresh_event_ids():
+    # A session id reused after its program ended, and a program back after it was
+    # forgotten as abandoned, are new runs: their events must not repeat the first run's
+    # ids, or the control plane drops them as duplicates.
+    t = ToolCallTracker("eng")
+    seen = set()
+    for start in (0.0, 10.0):
+        t.finished("p", start, tool="bash")
+        t.arrived("p", start + 1.0)
+        first = t.admitted("p", start + 1.0, pin_held=False)
+        end = t.program_end("p", start + 2.0)
+        assert first is not None
+        assert end is not None
+        seen |= {first.event_id, end.event_id}
+    t.finished("p", 20.0, tool="bash")
+    (forgotten,) = t.forget_idle(5000.0, idle_s=3600.0)
+    t.finished("p", 5001.0, tool="bash")
+    t.arrived("p", 5002.0)
+    back = t.admitted("p", 5002.0, pin_held=False)
+    assert back is not None
+    assert back.turn_index == 0
+    seen |= {forgotten.event_id, back.event_id}
+    assert seen == {
+        "eng:p:0:0",
+        "eng:p:0:end",
+        "eng:p:1:0",
+        "eng:p:1:end",
+        "eng:p:2:end",
+        "eng:p:3:0",
+    }
 
 
 def test_forget_idle_bounds_memory():
