@@ -13,7 +13,9 @@ Every method blocks for at most ``timeout_s`` and raises ``grpc.RpcError`` on fa
 (its ``code()`` is INVALID_ARGUMENT for bad input, UNAUTHENTICATED / PERMISSION_DENIED for
 a bad token, RESOURCE_EXHAUSTED when the server is overloaded, UNAVAILABLE when it or its
 database is down). Retrying ``record_tool_calls`` with the same ``event_id``s is safe:
-repeats are counted as duplicates and ignored. Thread-safe (one channel, shared).
+repeats are counted as duplicates and ignored; so is retrying ``record_program_end`` with
+the same ``program_id`` and ``finished_at`` (another ``finished_at`` is another run of the
+program id, recorded too). Thread-safe (one channel, shared).
 """
 
 from __future__ import annotations
@@ -207,7 +209,11 @@ class ControlPlaneClient:
     def record_program_end(
         self, program_id: str, total_turns: int, finished_at: float | None = None
     ) -> bool:
-        """Record a program's end; False if it had been recorded before."""
+        """Record a program's end; False if this end had been recorded before.
+
+        An end is (``program_id``, ``finished_at``): a rerun of the program id that ends
+        at another time is recorded too; resending the same end (a retry) is not.
+        """
         request = events_pb2.RecordProgramEndRequest(program_id=program_id, total_turns=total_turns)
         if finished_at is not None:
             request.finished_at.FromNanoseconds(round(finished_at * 1e9))

@@ -33,7 +33,7 @@ class MemoryStore(Store):
         self._calls: list[StoredToolCall] = []
         self._event_ids: set[tuple[int, str]] = set()
         self._ends: list[StoredProgramEnd] = []
-        self._end_ids: set[tuple[int, str]] = set()
+        self._end_ids: set[tuple[int, str, float | None]] = set()
         self._snapshots: dict[str, list[SnapshotRecord]] = {}
 
     def create_tenant(self, name: str, share: bool, token_hash: str, now: float) -> Tenant:
@@ -82,7 +82,7 @@ class MemoryStore(Store):
 
     def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
         with self._lock:
-            key = (tenant.id, end.program_id)
+            key = (tenant.id, end.program_id, end.finished_at)  # one end per run
             if key in self._end_ids:
                 return None
             self._end_ids.add(key)

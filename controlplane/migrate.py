@@ -1,4 +1,4 @@
-"""Schema revisions: read the database's, upgrade it (``cachettl db upgrade``)."""
+"""Schema revisions: read the database's, upgrade it (``cachettl db upgrade``), or go back."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from controlplane._resources import data_dir
 from controlplane.errors import SchemaOutOfDateError
 from controlplane.schema import HEAD_REVISION
 
-__all__ = ["check_schema", "current_revision", "upgrade"]
+__all__ = ["check_schema", "current_revision", "downgrade", "upgrade"]
 
 
 def _config(connection: object) -> Config:
@@ -32,6 +32,14 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
     before = current_revision(engine)
     with engine.begin() as connection:
         command.upgrade(_config(connection), revision)
+    return before, current_revision(engine)
+
+
+def downgrade(engine: Engine, revision: str) -> tuple[str | None, str | None]:
+    """Take the schema back to ``revision``; returns (revision before, revision after)."""
+    before = current_revision(engine)
+    with engine.begin() as connection:
+        command.downgrade(_config(connection), revision)
     return before, current_revision(engine)
 
 

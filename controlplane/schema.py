@@ -23,12 +23,13 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
 __all__ = ["HEAD_REVISION", "metadata", "program_ends", "snapshots", "tenants", "tool_events"]
 
 #: The Alembic revision this code expects.
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0005"
 
 #: BIGINT on PostgreSQL; INTEGER (an alias of the rowid, so autoincrementing) on SQLite.
 _SEQ = BigInteger().with_variant(Integer(), "sqlite")
@@ -85,7 +86,19 @@ program_ends = Table(
     Column("total_turns", Integer, nullable=False),
     Column("finished_at", Float, nullable=True),
     Column("received_at", Float, nullable=False),
-    UniqueConstraint("tenant_id", "program_id", name="uq_program_ends_tenant_program"),
+    # One end per run of a program id: a rerun ends at another time (revision 0005).
+    UniqueConstraint(
+        "tenant_id", "program_id", "finished_at", name="uq_program_ends_tenant_program_finished"
+    ),
+    # NULLs are distinct above: ends sent without a time stay one per program id.
+    Index(
+        "uq_program_ends_tenant_program_untimed",
+        "tenant_id",
+        "program_id",
+        unique=True,
+        sqlite_where=text("finished_at IS NULL"),
+        postgresql_where=text("finished_at IS NULL"),
+    ),
 )
 
 snapshots = Table(

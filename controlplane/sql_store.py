@@ -336,9 +336,12 @@ class SqlStore(Store):
 
     def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
         with transaction(self.engine, write=True) as c:
+            # One end per run: a rerun of the program id ends at another time, a resend
+            # of this end carries the same one (None matches None: IS NULL).
             query = select(program_ends.c.seq).where(
                 program_ends.c.tenant_id == tenant.id,
                 program_ends.c.program_id == end.program_id,
+                program_ends.c.finished_at == end.finished_at,
             )
             if c.execute(query).first() is not None:
                 return None

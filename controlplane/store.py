@@ -84,7 +84,13 @@ class Store(ABC):
 
     @abstractmethod
     def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
-        """Commit a program's end; its ``seq``, or None if that program's end is stored."""
+        """Commit a program's end; its ``seq``, or None if that end is stored.
+
+        An end is identified by (tenant, ``program_id``, ``finished_at``): a program id that
+        runs again ends at another time and that end is stored too, while resending the
+        same end (a retry) is a repeat whatever its ``total_turns``. Ends without
+        ``finished_at`` stay one per program id (None is matched as a value).
+        """
 
     @abstractmethod
     def read_tool_calls(

@@ -35,6 +35,7 @@ def test_wheel_carries_and_uses_package_data(tmp_path: Path) -> None:
         "controlplane/migrations/versions/0002_pins_and_snapshots.py",
         "controlplane/migrations/versions/0003_wide_turn_index.py",
         "controlplane/migrations/versions/0004_turn_cache_reasons.py",
+        "controlplane/migrations/versions/0005_program_end_per_run.py",
         "controlplane/proto/cachettl/v1/events.proto",
         "controlplane/_gen/cachettl/v1/events_pb2.pyi",
     ):

@@ -59,6 +59,27 @@ def test_duplicates_are_counted_and_ignored(store, serve):
         assert (stats.tool_calls, stats.programs_completed) == (4, 1)
 
 
+@pytest.mark.parametrize("db_url", ["memory", "sqlite", "postgres"], indirect=True)
+def test_a_program_id_run_again_is_learned_again(store, serve):
+    """A session id reused after its program ended: each run's end feeds η and the
+    remaining turns; resending an end (the hook's retry) changes nothing."""
+    plane = ControlPlane(store, min_samples=1)
+    _, token = plane.create_tenant("acme")
+    first, second = 1_700_000_000.25, 1_700_000_600.5
+    with serve(plane) as server, ControlPlaneClient(server.target, token) as client:
+        assert client.record_program_end("swe-17", 4, first) is True
+        assert client.record_program_end("swe-17", 10, second) is True
+        assert client.record_program_end("swe-17", 10, second) is False
+        assert client.record_program_end("swe-17", 4, first) is False
+        stats = client.workload_stats()
+        assert (stats.programs_completed, stats.programs_in_window) == (2, 2)
+    remaining = plane.state.models.workload("acme").remaining
+    assert remaining.expected_remaining(5) == 5.0  # only the 10-turn run went past 5
+    assert [r.end.total_turns for r in store.read_program_ends(0, 10)] == [4, 10]
+    replayed = ControlPlane(store, min_samples=1)  # a restart learns both from the log
+    assert replayed.workload_stats("acme").programs_completed == 2
+
+
 def test_pin_outcomes_feed_hit_rates_and_queue_delay(store, serve):
     plane = ControlPlane(store, min_samples=1)
     _, token = plane.create_tenant("acme")

@@ -83,9 +83,30 @@ class TestStoreContract:
         acme = make_tenant(store)
         seq = store.append_program_end(acme, ProgramEnd("p1", 7, 3.0))
         assert seq is not None
-        assert store.append_program_end(acme, ProgramEnd("p1", 9)) is None
+        # the same end resent (same program and finish time) is a repeat, whatever it says
+        assert store.append_program_end(acme, ProgramEnd("p1", 7, 3.0)) is None
+        assert store.append_program_end(acme, ProgramEnd("p1", 9, 3.0)) is None
         (row,) = store.read_program_ends(0, 10)
         assert (row.seq, row.tenant, row.end) == (seq, "acme", ProgramEnd("p1", 7, 3.0))
+
+    def test_a_program_id_run_again_ends_again(self, store: Store) -> None:
+        acme, zeta = make_tenant(store, "acme"), make_tenant(store, "zeta")
+        ends = [
+            (acme, ProgramEnd("p1", 7, 3.0)),
+            (acme, ProgramEnd("p1", 4, 80.5)),  # the same id run again, ended later
+            (acme, ProgramEnd("p1", 2)),  # one end without a time
+            (zeta, ProgramEnd("p1", 7, 3.0)),  # ends are per tenant
+        ]
+        seqs = [store.append_program_end(t, e) for t, e in ends]
+        assert None not in seqs
+        for tenant, end in ends:  # every one resent: all repeats
+            assert store.append_program_end(tenant, end) is None
+        assert store.append_program_end(acme, ProgramEnd("p1", 5)) is None  # still untimed
+        rows = store.read_program_ends(0, 10)
+        assert [(r.seq, r.tenant, r.end) for r in rows] == [
+            (seq, tenant.name, end) for seq, (tenant, end) in zip(seqs, ends, strict=True)
+        ]
+        assert [r.end.total_turns for r in store.read_program_ends(0, 10, "acme")] == [7, 4, 2]
 
     def test_snapshots_keep_the_newest(self, store: Store) -> None:
         assert store.latest_snapshot("cachettl") is None
@@ -160,3 +181,11 @@ class TestIngestContract:
         assert w.append_program_end(tenant, ProgramEnd("p", 4)) is not None
         assert w.append_program_end(tenant, ProgramEnd("p", 4)) is None
         assert [r.end.total_turns for r in store.read_program_ends(0, 10)] == [4]
+
+    def test_program_end_once_per_run(self, store: Store, writer) -> None:
+        w, tenant = writer
+        assert w.append_program_end(tenant, ProgramEnd("p", 4, 1_700_000_000.5)) is not None
+        assert w.append_program_end(tenant, ProgramEnd("p", 6, 1_700_000_300.25)) is not None
+        assert w.append_program_end(tenant, ProgramEnd("p", 6, 1_700_000_300.25)) is None
+        assert w.append_program_end(tenant, ProgramEnd("p", 4, 1_700_000_000.5)) is None
+        assert [r.end.total_turns for r in store.read_program_ends(0, 10)] == [4, 6]

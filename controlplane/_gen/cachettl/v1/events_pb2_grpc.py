@@ -63,7 +63,8 @@ class ToolEventServiceServicer:
 
     def RecordProgramEnd(self, request, context):
         """Records the end of an agent program (feeds the memory factor η). Idempotent by
-        program_id.
+        (program_id, finished_at): a program id run again ends at another time and that end
+        is recorded too; resending the same end is a duplicate.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
