@@ -113,13 +113,37 @@ INTERNALS: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("v1/core/block_pool.py", "BlockPool", "get_num_free_blocks"): ("self",),
 }
 
-#: ``(module, class) -> instance attributes`` the hook reads: a request's ``block_hashes``
-#: (of ``hash_block_size`` tokens, the scheduler's and the block pool's). They exist only on
-#: instances, so a version must assign each as ``self.<name>`` in the class's own source.
+#: ``(module, class) -> instance attributes`` the hook reads: the scheduler's queues,
+#: requests, KV manager, block sizes and config; the KV manager's block pool and the pool's
+#: size and hash block size; a request's identity, session, status, token counts, sampling
+#: parameters and ``block_hashes`` (of ``hash_block_size`` tokens). They exist only on
+#: instances, so a version must assign each as ``self.<name>`` (or define it as a property)
+#: in the class's own source.
 ATTRIBUTES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("v1/request.py", "Request"): ("block_hashes",),
-    ("v1/core/sched/scheduler.py", "Scheduler"): ("hash_block_size",),
-    ("v1/core/block_pool.py", "BlockPool"): ("hash_block_size",),
+    ("v1/request.py", "Request"): (
+        "request_id",
+        "session_id",
+        "status",
+        "arrival_time",
+        "sampling_params",
+        "num_prompt_tokens",
+        "num_computed_tokens",
+        "num_tokens",
+        "num_output_tokens",
+        "output_token_ids",
+        "block_hashes",
+    ),
+    ("v1/core/sched/scheduler.py", "Scheduler"): (
+        "vllm_config",
+        "kv_cache_manager",
+        "waiting",
+        "running",
+        "requests",
+        "block_size",
+        "hash_block_size",
+    ),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager"): ("block_pool",),
+    ("v1/core/block_pool.py", "BlockPool"): ("num_gpu_blocks", "hash_block_size"),
 }
 
 _QUEUE_METHODS = {

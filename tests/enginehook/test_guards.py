@@ -37,8 +37,11 @@ def test_a_release_without_an_attribute_the_hook_reads_is_refused(tmp_path):
     pool.write_text(pool.read_text().replace("self.hash_block_size", "self.hash_size"))
     request = tmp_path / "v1/request.py"
     request.write_text(request.read_text().replace("self.block_hashes", "self.hashes"))
+    manager = tmp_path / "v1/core/kv_cache_manager.py"
+    manager.write_text(manager.read_text().replace("self.block_pool", "self.pool"))
     assert source_problems(tmp_path) == [
         "Request.block_hashes attribute missing",
+        "KVCacheManager.block_pool attribute missing",
         "BlockPool.hash_block_size attribute missing",
     ]
 
