@@ -30,6 +30,7 @@ from enginehook.tracker import ProgramEndEvent, ToolCallEvent, event_from_record
 if TYPE_CHECKING:
     from enginehook.config import HookConfig
     from enginehook.decide import TtlDecider
+    from enginehook.link import SinkCounter
 
 __all__ = [
     "ControlPlaneLink",
@@ -236,6 +237,17 @@ class ControlPlaneLink:
         self.buffer.put(event)
         if self.buffer.in_memory >= self.batch_events:
             self._wake.set()
+
+    def counters(self) -> list[SinkCounter]:
+        """Events delivered, refused and waiting; failed sends; snapshots received."""
+        return [
+            ("cachettl_control_plane_events_delivered_total", "counter", self.delivered),
+            ("cachettl_control_plane_events_rejected_total", "counter", self.rejected),
+            ("cachettl_control_plane_events_pending", "gauge", len(self.buffer)),
+            ("cachettl_control_plane_send_failures_total", "counter", self.failures),
+            ("cachettl_control_plane_snapshots_total", "counter", self.snapshots),
+            ("cachettl_control_plane_snapshot_version", "gauge", self.snapshot_version),
+        ]
 
     # -- the sender thread -------------------------------------------------------------
     def _send_loop(self) -> None:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from enginehook.config import HookConfig
     from enginehook.decide import TtlDecider
 
-__all__ = ["EventSink", "JsonlSink", "NullSink", "build_sink", "event_record"]
+__all__ = ["EventSink", "JsonlSink", "NullSink", "SinkCounter", "build_sink", "event_record"]
 
 logger = logging.getLogger("enginehook.link")
 
@@ -33,10 +33,18 @@ Event = ToolCallEvent | ProgramEndEvent
 _BATCH_EVENTS = 1000
 
 
+#: One figure of a sink for the metrics endpoint: Prometheus name, type, value.
+SinkCounter = tuple[str, str, int]
+
+
 class EventSink(Protocol):
     """Receives the hook's events; ``submit`` must not block."""
 
     def submit(self, event: Event) -> None: ...
+
+    def counters(self) -> list[SinkCounter]:
+        """What became of the events so far (read by the metrics endpoint's thread)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -46,6 +54,10 @@ class NullSink:
 
     def submit(self, event: Event) -> None:
         """Drop ``event``."""
+
+    def counters(self) -> list[SinkCounter]:
+        """None: nothing is kept."""
+        return []
 
     def close(self) -> None:
         """Nothing to close."""
@@ -95,6 +107,16 @@ class JsonlSink:
         """Events submitted and not yet written or dropped."""
         with self._lock:
             return self._queued
+
+    def counters(self) -> list[SinkCounter]:
+        """Events written, dropped and queued, then the inner sink's counters."""
+        with self._lock:
+            own = [
+                ("cachettl_event_log_written_total", "counter", self.written),
+                ("cachettl_event_log_dropped_total", "counter", self.dropped),
+                ("cachettl_event_log_queued", "gauge", self._queued),
+            ]
+        return own + (self._inner.counters() if self._inner is not None else [])
 
     # -- the caller's side -------------------------------------------------------------
     def submit(self, event: Event) -> None:

@@ -1,8 +1,9 @@
 """The hook's counters: pins held, pinned blocks, hits on pinned prefixes, expiries,
 pressure releases, decisions by basis, returning turns and their misses by reason (with
-how long after its pin's expiry an expired turn came back), and whether misses are priced
-as CPU reloads. Rendered as Prometheus text by :meth:`HookMetrics.prometheus` (served on
-the hook's own endpoint when configured).
+how long after its pin's expiry an expired turn came back), whether misses are priced
+as CPU reloads, and what became of the events (the event log's and the control-plane
+link's counters, read from the sink at each scrape). Rendered as Prometheus text by
+:meth:`HookMetrics.prometheus` (served on the hook's own endpoint when configured).
 
 >>> m = HookMetrics()
 >>> from controlplane.records import MissReason
@@ -24,6 +25,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from controlplane.records import NotPinnedCause, TurnCache
@@ -58,12 +60,18 @@ class HookMetrics:
         self.misses: Counter[tuple[str, str]] = Counter()
         self.expired_by_buckets = [0] * (len(EXPIRED_BY_BUCKETS_S) + 1)
         self.expired_by_sum = 0.0
+        self._sink_counters: Callable[[], list[tuple[str, str, int]]] = list
 
     def set_cpu_tier(self, on: bool, connectors: str = "") -> None:
         """Whether TTL decisions price a miss as a reload from a CPU tier, and the KV
         connector(s) that keep it (comma-separated; empty when none was detected)."""
         with self._lock:
             self.cpu_tier, self.cpu_tier_connectors = on, connectors
+
+    def set_sink(self, counters: Callable[[], list[tuple[str, str, int]]]) -> None:
+        """Where the event sink's ``(name, type, value)`` counters are read at each scrape
+        (:meth:`enginehook.link.EventSink.counters`)."""
+        self._sink_counters = counters
 
     def set_passthrough(self, reason: str) -> None:
         """The hook passes through on this engine for ``reason`` (e.g. ``no_prefix_caching``)."""
@@ -184,6 +192,8 @@ class HookMetrics:
                 "# TYPE cachettl_passthrough gauge",
                 f'cachettl_passthrough{{reason="{s["passthrough"]}"}} 1',
             ]
+        for name, kind, value in self._sink_counters():
+            lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
         return "\n".join(lines) + "\n"
 
     def _turn_lines(self, s: dict[str, Any]) -> list[str]:

@@ -44,6 +44,7 @@ class HookServices:
         self.metrics.set_cpu_tier(self.cpu_tier.on, ",".join(self.cpu_tier.connectors))
         logger.info("CacheTTL CPU tier: %s", self.cpu_tier.reason)
         self.sink: EventSink = build_sink(config, self.decider, self.engine_id)
+        self.metrics.set_sink(self.sink.counters)
         self._server: Any = None
         if config.metrics_listen:
             self._server, port = serve_metrics(self.metrics, config.metrics_listen)

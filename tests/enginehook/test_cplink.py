@@ -195,6 +195,10 @@ def test_control_plane_down_then_back_no_loss_no_duplicates(plane, tmp_path):
         assert plane.stored() == 45
         assert plane.ends() == 1
         assert link.rejected == 0
+        counters = {name: value for name, _, value in link.counters()}
+        assert counters["cachettl_control_plane_events_delivered_total"] >= 46
+        assert counters["cachettl_control_plane_events_pending"] == 0
+        assert counters["cachettl_control_plane_send_failures_total"] >= 2
     finally:
         link.close()
 

@@ -22,6 +22,7 @@ import pytest
 
 from controlplane.records import PinOutcome
 from enginehook.link import JsonlSink
+from enginehook.metrics import HookMetrics
 from enginehook.tracker import ProgramEndEvent, ToolCallEvent, event_record
 
 
@@ -116,6 +117,15 @@ def test_a_full_queue_drops_and_counts_and_warns_once(
         lines = _drain(fd)
     assert [e["turn_index"] for e in lines] == [*range(20), 100]
     assert (sink.written, sink.dropped) == (21, 80)
+    metrics = HookMetrics()
+    metrics.set_sink(sink.counters)
+    text = metrics.prometheus()
+    assert (
+        "# TYPE cachettl_event_log_dropped_total counter\ncachettl_event_log_dropped_total 80"
+        in text
+    )
+    assert "cachettl_event_log_written_total 21\n" in text
+    assert "cachettl_event_log_queued 0\n" in text
     # the inner sink got every event, queued or dropped
     inner_lines = (tmp_path / "inner.jsonl").read_text().splitlines()
     assert [json.loads(line)["turn_index"] for line in inner_lines] == [*range(100), 100]

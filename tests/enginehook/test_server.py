@@ -170,6 +170,14 @@ class Agent:
         return int(details.cached_tokens or 0) if details else 0
 
 
+def _metrics(stack: Stack) -> dict[str, str]:
+    """The hook's metrics endpoint, as ``{series: value}``."""
+    url = f"http://127.0.0.1:{stack.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+
+
 def _events(stack: Stack) -> list[dict[str, Any]]:
     if not stack.event_log.exists():
         return []
@@ -202,10 +210,7 @@ def test_pinned_agent_gets_cached_prefix_and_unpinned_does_not(stack):
             by_program.setdefault(e["program_id"], []).append(e["outcome"])
     assert by_program["agent-A"] == ["hit", "hit"]
     assert by_program["agent-B"] == ["not_pinned", "not_pinned"]
-    url = f"http://127.0.0.1:{stack.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
-    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    lines = _metrics(stack)
     assert int(lines["cachettl_pinned_prefix_hits_total"]) >= 2
     assert int(lines['cachettl_ttl_decisions_total{basis="fixed"}']) >= 2
 
@@ -248,3 +253,11 @@ def test_control_plane_killed_mid_run_serving_continues_no_event_lost(stack):
         assert store.count_tool_calls() == len(calls)
     finally:
         store.close()
+    # The endpoint tells what became of the events: the outage, then all delivered.
+    wait_for(lambda: _metrics(stack)["cachettl_control_plane_events_pending"] == "0", 30, "drain")
+    lines = _metrics(stack)
+    assert int(lines["cachettl_control_plane_send_failures_total"]) >= 1
+    assert int(lines["cachettl_control_plane_events_delivered_total"]) >= len(calls) + len(ends)
+    assert lines["cachettl_control_plane_events_rejected_total"] == "0"
+    assert int(lines["cachettl_event_log_written_total"]) >= len(events)
+    assert lines["cachettl_event_log_dropped_total"] == "0"
