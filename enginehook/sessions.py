@@ -15,13 +15,25 @@ this order (:data:`SOURCES`), the first one present winning:
 6. body ``prompt_cache_key`` (OpenAI's): last, because it is a cache key that several
    sessions may share on purpose (one key per prompt template), so it is only a fallback.
 
-vLLM's own three come first so that the middleware never changes what vLLM would decide;
-then the headers a router or an agent sets for session identity; the cache key last. When
+vLLM's own three come first so that the middleware never changes what vLLM would decide
+(but for the sub-agent qualifier below); then the headers a router or an agent sets for
+session identity; the cache key last. When
 the winner is not one of vLLM's own, the middleware hands it to vLLM unchanged: a header's
 bytes as ``X-Session-ID``, ``prompt_cache_key`` as ``vllm_xargs.session_id`` (a JSON
 string, so any text survives). The winning id must be 1..256 characters without control
 characters (the control plane's program-id limit); otherwise the answer is HTTP 400
 naming the header or field. Ids that do not win are not looked at.
+
+Sub-agents (:data:`AGENT_HEADERS`): Claude Code sends its sub-agents' requests (the Agent
+or Task tool) with the parent's ``X-Claude-Code-Session-Id`` and the sub-agent's own
+``X-Claude-Code-Agent-Id``. Each is its own conversation over its own prefix, so when the
+winning id is that session's, the program is ``<session id>/<agent id>``: the parent and
+each sub-agent get their own pin, their own turns and their own tool-call durations (the
+parent's Agent call lasts as long as the sub-agent's whole run). Under one program, every
+sub-agent's turn would replace the pin its siblings and parent are about to return to.
+The qualified id is handed to vLLM where it reads first (the body's ``session_id`` or
+``vllm_xargs.session_id`` when one of those won, else ``X-Session-ID``) and obeys the same
+limits (HTTP 400 naming the agent header).
 
 A body's ``kv_hints`` (a ``KvHintsEnvelope`` as a JSON object, SGLang's and Dynamo's
 field) is checked (:func:`enginehook.kvhints.parse_kv_hints`; HTTP 400 with the field path
@@ -51,6 +63,7 @@ from typing import Any
 from enginehook.kvhints import XARGS_KEY, parse_kv_hints
 
 __all__ = [
+    "AGENT_HEADERS",
     "FINAL_HEADER",
     "MAX_SESSION_ID",
     "PATHS",
@@ -87,6 +100,9 @@ SOURCES = (
     ("header", "x-claude-code-session-id", False),
     ("body", "prompt_cache_key", False),
 )
+#: ``(sub-agent header, the session header it qualifies)``: a request carrying both, whose
+#: winning session id is that session header's, belongs to program ``<session>/<agent>``.
+AGENT_HEADERS = (("x-claude-code-agent-id", "x-claude-code-session-id"),)
 #: Dynamo's header for a session's last request.
 FINAL_HEADER = "x-dynamo-session-final"
 #: The longest session id accepted (the control plane's program-id limit).
@@ -105,13 +121,15 @@ class MalformedRequestError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SessionChoice:
-    """The winning session id, where it came from (a header or a body field), and whether
-    vLLM reads it itself."""
+    """The winning session id (qualified by a sub-agent's id when ``agent`` names the
+    header that gave it), where it came from (a header or a body field), and whether vLLM
+    reads it itself."""
 
     session_id: str
     source: str
     vllm_reads: bool
     header: bool
+    agent: str | None = None
 
 
 def _check(source: str, value: str) -> str:
@@ -138,12 +156,16 @@ def choose_session(
     ``body``: the parsed JSON body, ``None`` if not read), checked; ``None`` when there is
     none. Raises :class:`MalformedRequestError` naming the source of a malformed winner.
 
-    >>> choose_session({"x-dynamo-session-id": "run-1"}, {"prompt_cache_key": "k"})
-    SessionChoice(session_id='run-1', source='x-dynamo-session-id', vllm_reads=False, header=True)
+    >>> choice = choose_session({"x-dynamo-session-id": "run-1"}, {"prompt_cache_key": "k"})
+    >>> choice.session_id, choice.source, choice.vllm_reads, choice.header
+    ('run-1', 'x-dynamo-session-id', False, True)
     >>> choose_session({"x-session-id": "a" * 300}, None)
     Traceback (most recent call last):
     ...
     enginehook.sessions.MalformedRequestError: x-session-id must be at most 256 characters, got 300
+    >>> sub = {"x-claude-code-session-id": "run-1", "x-claude-code-agent-id": "explore-2"}
+    >>> choose_session(sub, {}).session_id
+    'run-1/explore-2'
     """
     for kind, name, own in SOURCES:
         if kind == "header":
@@ -153,8 +175,24 @@ def choose_session(
         else:
             value = _body_value(body, name)
         if isinstance(value, str) and value:
-            return SessionChoice(_check(name, value), name, own, kind == "header")
+            return _qualified(
+                SessionChoice(_check(name, value), name, own, kind == "header"), headers
+            )
     return None
+
+
+def _qualified(choice: SessionChoice, headers: Mapping[str, str]) -> SessionChoice:
+    """``choice`` as a sub-agent's program when a sub-agent header qualifies its session."""
+    for agent_header, session_header in AGENT_HEADERS:
+        agent = headers.get(agent_header)
+        if agent and headers.get(session_header) == choice.session_id:
+            _check(agent_header, agent)
+            qualified = f"{choice.session_id}/{agent}"
+            if len(qualified) > MAX_SESSION_ID:
+                limit = f"makes the program id {len(qualified)} characters, over {MAX_SESSION_ID}"
+                raise MalformedRequestError(agent_header, limit)
+            return SessionChoice(qualified, choice.source, False, choice.header, agent_header)
+    return choice
 
 
 def session_final(headers: Mapping[str, str]) -> bool:
@@ -223,10 +261,12 @@ class SessionIdMiddleware:
         except MalformedRequestError as exc:
             await _bad_request(send, exc)
             return
-        header = None
+        header = None  # the X-Session-ID to send in place of the request's
         if choice is not None and not choice.vllm_reads:
-            if choice.header:
-                header = choice.source.encode()
+            if choice.source == "session_id":  # vLLM's own, qualified by a sub-agent
+                body["session_id"], changed = choice.session_id, True
+            elif choice.header:
+                header = choice.session_id.encode("latin-1")  # the header's bytes, as received
             else:
                 changed = _set_xargs(body, "session_id", choice.session_id) or changed
         if final:
@@ -308,16 +348,15 @@ def _set_xargs(body: dict[str, Any], key: str, value: Any) -> bool:
 
 
 def _headers(
-    headers: list[tuple[bytes, bytes]], length: int, source: bytes | None
+    headers: list[tuple[bytes, bytes]], length: int, session: bytes | None
 ) -> list[tuple[bytes, bytes]]:
-    """The headers with the body's new length and, from header ``source``, ``X-Session-ID``
-    (its value's bytes as received)."""
-    value = next((v for k, v in headers if k.lower() == source), None) if source else None
-    drop = {b"content-length", b"transfer-encoding", b"x-session-id"}
+    """The headers with the body's new length and, given ``session``, that X-Session-ID
+    (the request's own, if any, dropped)."""
+    drop = {b"content-length", b"transfer-encoding"} | ({b"x-session-id"} if session else set())
     out = [(k, v) for k, v in headers if k.lower() not in drop]
     out.append((b"content-length", str(length).encode()))
-    if value is not None:
-        out.append((b"x-session-id", value))
+    if session is not None:
+        out.append((b"x-session-id", session))
     return out
 
 

@@ -119,6 +119,47 @@ def test_on_the_messages_endpoint_a_body_session_id_is_no_source(app: TestClient
     assert session is None  # vLLM reads the body's there
 
 
+SUB = {**CLAUDE, "x-claude-code-agent-id": "explore-2"}
+
+
+def test_a_sub_agent_of_a_claude_code_session_is_its_own_program(app: TestClient) -> None:
+    assert _seen(app, {"model": "m"}, CLAUDE)[0] == "claude"  # the parent
+    session, seen = _seen(app, {"model": "m"}, SUB)
+    assert (session, seen) == ("claude/explore-2", {"model": "m"})
+    # Whichever source carries that session's id, the sub-agent's id qualifies it there.
+    session, seen = _seen(app, {"session_id": "claude"}, SUB)
+    assert (session, seen["session_id"]) == (None, "claude/explore-2")
+    session, _ = _seen(app, {}, {**SUB, "x-session-id": "claude"})
+    assert session == "claude/explore-2"
+    session, seen = _seen(app, {"vllm_xargs": {"session_id": "claude"}}, SUB)
+    assert (session, seen["vllm_xargs"]["session_id"]) == (None, "claude/explore-2")
+    # Another session's id is not qualified by this session's sub-agent header.
+    raw = json.dumps({"model": "m", "session_id": "own"})
+    assert app.post(CHAT, content=raw, headers=SUB).json()["raw"] == raw
+
+
+def test_a_sessions_own_header_survives_a_body_the_middleware_changes(app: TestClient) -> None:
+    session, seen = _seen(
+        app, {"kv_hints": _envelope({"ttl_s": 3})}, {"x-session-id": "kept", **DYNAMO}
+    )
+    assert session == "kept"
+    assert XARGS_KEY in seen["vllm_xargs"]
+
+
+@pytest.mark.parametrize(
+    ("agent", "what"),
+    [("a\x01", "must not contain control characters"), ("a" * 250, "makes the program id 257")],
+)
+def test_a_malformed_sub_agent_id_is_a_400_naming_its_header(
+    app: TestClient, agent: str, what: str
+) -> None:
+    r = app.post(CHAT, content="{}", headers={**CLAUDE, "x-claude-code-agent-id": agent})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "x-claude-code-agent-id"
+    assert what in error["message"]
+
+
 @pytest.mark.parametrize(
     ("headers", "body", "field", "what"),
     [
@@ -361,6 +402,47 @@ def test_each_session_source_is_the_program_and_the_first_present_wins(server: S
     programs = {e["program_id"] for e in _ended(server, expected)}
     assert expected <= programs
     assert not {p for p in programs if p.startswith("lose-")}
+
+
+@pytest.mark.slow
+def test_a_claude_code_sub_agent_keeps_its_parents_pin(server: Server) -> None:
+    """The parent calls its Agent tool; the sub-agent runs two turns under the parent's
+    session id with its own agent id; the parent comes back to its pin."""
+    session = {"X-Claude-Code-Session-Id": "cc-run"}
+    sub = {**session, "X-Claude-Code-Agent-Id": "explore-1"}
+    parent = [
+        {"role": "system", "content": _words(60, 40)},
+        {"role": "user", "content": _words(61, 450)},
+    ]
+    r = _chat(server, parent, {"vllm_xargs": {"tool": "Agent"}}, session)
+    child = [
+        {"role": "system", "content": _words(62, 40)},
+        {"role": "user", "content": _words(63, 300)},
+    ]
+    c = _chat(server, child, {"vllm_xargs": {"tool": "bash", "tool_args": "ls"}}, sub)
+    child += [
+        {"role": "assistant", "content": c.choices[0].message.content},
+        {"role": "user", "content": _words(64, 30)},
+    ]
+    _chat(server, child, {}, sub, last=True)
+    parent += [
+        {"role": "assistant", "content": r.choices[0].message.content},
+        {"role": "user", "content": _words(65, 30)},
+    ]
+    _chat(server, parent, {}, session, last=True)
+    events = _ended(server, {"cc-run", "cc-run/explore-1"})
+    calls = {e["program_id"]: e for e in events if e["kind"] == "tool_call"}
+    assert (calls["cc-run"]["tool_name"], calls["cc-run"]["outcome"]) == ("Agent", "hit")
+    assert (calls["cc-run/explore-1"]["tool_name"], calls["cc-run/explore-1"]["outcome"]) == (
+        "bash",
+        "hit",
+    )
+    # The parent's Agent call lasted the sub-agent's whole run.
+    ends = {e["program_id"]: e for e in events if e["kind"] == "program_end"}
+    child_call = calls["cc-run/explore-1"]
+    assert calls["cc-run"]["duration_s"] > child_call["duration_s"]
+    assert ends["cc-run/explore-1"]["total_turns"] == 2
+    assert ends["cc-run"]["total_turns"] == 2
 
 
 @pytest.mark.slow
