@@ -5,7 +5,9 @@
 Flat keys: ``last_turn`` (bool), ``tool`` (the tool this turn calls), ``tool_args``,
 ``pin_ttl_s`` (override the TTL, seconds >= 0), ``pin_ttl_max_s`` (the most this turn may
 be pinned, seconds >= 0: a ceiling on any TTL, the policy's or ``pin_ttl_s``), ``pin``
-(bool; 0 disables pinning for this request), ``release`` (bool: close the session now).
+(bool; 0 disables pinning for this request), ``release`` (bool: close the session now),
+``parent_session_id`` (the program this one works for, such as a sub-agent's session: the
+program keeps that program's place in the queue; the session middleware sets it).
 The tenant is never a request field: it is the engine's (its control-plane credentials).
 vLLM turns JSON booleans into ``1``/``0`` on the way, so flags accept 0/1, booleans and
 the strings ``"true"``/``"false"``/``"1"``/``"0"``.
@@ -25,7 +27,7 @@ ValueError: vllm_xargs.pin_ttl_s must be a finite number >= 0, got -1
 >>> from enginehook.kvhints import Retention
 >>> hints = Hints(pin_ttl_s=60.0, pin_ttl_max_s=300.0)
 >>> hints.with_retention(Retention(ttl_ceiling_s=30.0, release=True))
-Hints(..., pin_ttl_s=60.0, pin=True, pin_ttl_max_s=30.0, release=True)
+Hints(..., pin_ttl_s=60.0, pin=True, pin_ttl_max_s=30.0, release=True, parent_session_id=None)
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class Hints:
     pin: bool = True
     pin_ttl_max_s: float | None = None
     release: bool = False
+    parent_session_id: str | None = None
 
     @classmethod
     def from_extra_args(cls, extra: Mapping[str, Any] | None) -> Hints:
@@ -112,6 +115,7 @@ class Hints:
             pin=parse_flag("pin", extra.get("pin", True)),
             pin_ttl_max_s=_seconds("pin_ttl_max_s", extra.get("pin_ttl_max_s")),
             release=parse_flag("release", extra.get("release", False)),
+            parent_session_id=_text("parent_session_id", extra.get("parent_session_id")),
         )
 
     def with_retention(self, retention: Retention | None) -> Hints:

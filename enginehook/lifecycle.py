@@ -243,10 +243,15 @@ class PinController(Generic[H]):
         now: float,
         tenant: str = "default",
         prompt_tokens: int = 0,
+        parent: str | None = None,
     ) -> None:
         """A request of the program arrived (``arrival``: its queue time; ``prompt_tokens``:
-        its prompt, which the admission counts)."""
+        its prompt, which the admission counts). ``parent``: the program this one works
+        for (a sub-agent's session), whose place in the program order it inherits: the
+        parent waits on it, so it is as old as the parent's work."""
         self._tenants[program_id] = tenant
+        if parent is not None and parent != program_id:
+            arrival = min(arrival, self.arrivals.first(parent, arrival))
         self.arrivals.observe(program_id, arrival)
         self.tracker(tenant).arrived(program_id, now)
         if self.admission is not None:

@@ -148,6 +148,7 @@ class CacheTTLMixin:
                 now,
                 tenant,
                 prompt_tokens=request.num_prompt_tokens,
+                parent=hints.parent_session_id,
             )
             if hints.release:  # the session closes: its pin goes now, not at admission
                 self.controller.close(request.session_id)

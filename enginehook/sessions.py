@@ -33,7 +33,10 @@ parent's Agent call lasts as long as the sub-agent's whole run). Under one progr
 sub-agent's turn would replace the pin its siblings and parent are about to return to.
 The qualified id is handed to vLLM where it reads first (the body's ``session_id`` or
 ``vllm_xargs.session_id`` when one of those won, else ``X-Session-ID``) and obeys the same
-limits (HTTP 400 naming the agent header).
+limits (HTTP 400 naming the agent header). The session's own id goes along as
+``vllm_xargs.parent_session_id``: the sub-agent keeps its parent's place in the program
+order (the parent waits on it), where it would otherwise queue as a program newer than
+every other.
 
 A body's ``kv_hints`` (a ``KvHintsEnvelope`` as a JSON object, SGLang's and Dynamo's
 field) is checked (:func:`enginehook.kvhints.parse_kv_hints`; HTTP 400 with the field path
@@ -271,6 +274,9 @@ class SessionIdMiddleware:
                 changed = _set_xargs(body, "session_id", choice.session_id) or changed
         if final:
             changed = _set_xargs(body, "release", True) or changed
+        if choice is not None and choice.agent is not None:
+            parent = headers[dict(AGENT_HEADERS)[choice.agent]]
+            changed = _set_xargs(body, "parent_session_id", parent) or changed
         if not (changed or header):
             await self.app(scope, _replay(messages, receive), send)
             return

@@ -97,6 +97,13 @@ def test_a_malformed_envelope_names_the_field_path(envelope: Any, message: str) 
         parse_kv_hints(envelope)
 
 
+def test_a_parent_session_is_a_flat_hint() -> None:
+    assert request_hints({"parent_session_id": "run-1"}).parent_session_id == "run-1"
+    assert request_hints({"parent_session_id": ""}).parent_session_id is None
+    with pytest.raises(ValueError, match=r"vllm_xargs\.parent_session_id must be a string"):
+        request_hints({"parent_session_id": 7})
+
+
 def test_the_envelope_wins_over_flat_hints_key_by_key() -> None:
     flat = {"pin_ttl_s": 60, "pin_ttl_max_s": 600, "tool": "bash", "pin": 1, "last_turn": 0}
     body = retention_envelope(Retention(ttl_ceiling_s=30.0, pin=False))

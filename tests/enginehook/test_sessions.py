@@ -125,7 +125,11 @@ SUB = {**CLAUDE, "x-claude-code-agent-id": "explore-2"}
 def test_a_sub_agent_of_a_claude_code_session_is_its_own_program(app: TestClient) -> None:
     assert _seen(app, {"model": "m"}, CLAUDE)[0] == "claude"  # the parent
     session, seen = _seen(app, {"model": "m"}, SUB)
-    assert (session, seen) == ("claude/explore-2", {"model": "m"})
+    # ... whose parent's place in the program order it keeps
+    assert (session, seen) == (
+        "claude/explore-2",
+        {"model": "m", "vllm_xargs": {"parent_session_id": "claude"}},
+    )
     # Whichever source carries that session's id, the sub-agent's id qualifies it there.
     session, seen = _seen(app, {"session_id": "claude"}, SUB)
     assert (session, seen["session_id"]) == (None, "claude/explore-2")
