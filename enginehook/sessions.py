@@ -36,7 +36,9 @@ The qualified id is handed to vLLM where it reads first (the body's ``session_id
 limits (HTTP 400 naming the agent header). The session's own id goes along as
 ``vllm_xargs.parent_session_id``: the sub-agent keeps its parent's place in the program
 order (the parent waits on it), where it would otherwise queue as a program newer than
-every other.
+every other. Sub-agents that run in a session of their own name their parent in
+``X-Parent-Session-ID`` (:data:`PARENT_HEADER`; agent gateways and OpenCode plugins send
+it); it becomes the same hint, checked like a session id.
 
 A body's ``kv_hints`` (a ``KvHintsEnvelope`` as a JSON object, SGLang's and Dynamo's
 field) is checked (:func:`enginehook.kvhints.parse_kv_hints`; HTTP 400 with the field path
@@ -69,6 +71,7 @@ __all__ = [
     "AGENT_HEADERS",
     "FINAL_HEADER",
     "MAX_SESSION_ID",
+    "PARENT_HEADER",
     "PATHS",
     "SOURCES",
     "MalformedRequestError",
@@ -76,6 +79,7 @@ __all__ = [
     "SessionIdMiddleware",
     "carry_kv_hints",
     "choose_session",
+    "parent_session",
     "session_final",
 ]
 
@@ -106,6 +110,8 @@ SOURCES = (
 #: ``(sub-agent header, the session header it qualifies)``: a request carrying both, whose
 #: winning session id is that session header's, belongs to program ``<session>/<agent>``.
 AGENT_HEADERS = (("x-claude-code-agent-id", "x-claude-code-session-id"),)
+#: The header naming the session a sub-agent's own session works for.
+PARENT_HEADER = "x-parent-session-id"
 #: Dynamo's header for a session's last request.
 FINAL_HEADER = "x-dynamo-session-final"
 #: The longest session id accepted (the control plane's program-id limit).
@@ -198,6 +204,27 @@ def _qualified(choice: SessionChoice, headers: Mapping[str, str]) -> SessionChoi
     return choice
 
 
+def parent_session(headers: Mapping[str, str], choice: SessionChoice | None) -> str | None:
+    """The program the chosen session works for: a qualified sub-agent's own session, else
+    :data:`PARENT_HEADER` when it names another session (``None``: none, or no session).
+
+    >>> sub = {"x-claude-code-session-id": "run-1", "x-claude-code-agent-id": "explore-2"}
+    >>> parent_session(sub, choose_session(sub, {}))
+    'run-1'
+    >>> child = {"x-session-id": "child-7", "x-parent-session-id": "run-1"}
+    >>> parent_session(child, choose_session(child, {}))
+    'run-1'
+    """
+    if choice is None:
+        return None
+    if choice.agent is not None:
+        return headers[dict(AGENT_HEADERS)[choice.agent]]
+    parent = headers.get(PARENT_HEADER)
+    if not parent or parent == choice.session_id:
+        return None
+    return _check(PARENT_HEADER, parent)
+
+
 def session_final(headers: Mapping[str, str]) -> bool:
     """Whether ``X-Dynamo-Session-Final`` marks this request as its session's last (then
     it carries the flat ``release`` hint: the session closes when the request arrives).
@@ -261,6 +288,7 @@ class SessionIdMiddleware:
             changed = carry_kv_hints(body)
             choice = choose_session(headers, body, scope["path"])
             final = session_final(headers)
+            parent = parent_session(headers, choice)
         except MalformedRequestError as exc:
             await _bad_request(send, exc)
             return
@@ -274,8 +302,7 @@ class SessionIdMiddleware:
                 changed = _set_xargs(body, "session_id", choice.session_id) or changed
         if final:
             changed = _set_xargs(body, "release", True) or changed
-        if choice is not None and choice.agent is not None:
-            parent = headers[dict(AGENT_HEADERS)[choice.agent]]
+        if parent is not None:
             changed = _set_xargs(body, "parent_session_id", parent) or changed
         if not (changed or header):
             await self.app(scope, _replay(messages, receive), send)

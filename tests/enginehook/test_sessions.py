@@ -120,6 +120,7 @@ def test_on_the_messages_endpoint_a_body_session_id_is_no_source(app: TestClient
 
 
 SUB = {**CLAUDE, "x-claude-code-agent-id": "explore-2"}
+PARENT = "x-parent-session-id"
 
 
 def test_a_sub_agent_of_a_claude_code_session_is_its_own_program(app: TestClient) -> None:
@@ -140,6 +141,18 @@ def test_a_sub_agent_of_a_claude_code_session_is_its_own_program(app: TestClient
     # Another session's id is not qualified by this session's sub-agent header.
     raw = json.dumps({"model": "m", "session_id": "own"})
     assert app.post(CHAT, content=raw, headers=SUB).json()["raw"] == raw
+
+
+def test_a_parent_session_header_becomes_the_parent_hint(app: TestClient) -> None:
+    session, seen = _seen(app, {"model": "m"}, {"x-session-id": "child", PARENT: "root"})
+    assert (session, seen["vllm_xargs"]) == ("child", {"parent_session_id": "root"})
+    _, seen = _seen(app, {"model": "m"}, {"x-session-id": "root", PARENT: "root"})
+    assert seen == {"model": "m"}  # its own session: no parent
+    _, seen = _seen(app, {"model": "m"}, {PARENT: "root"})
+    assert seen == {"model": "m"}  # no session: nothing to order
+    r = app.post(CHAT, content="{}", headers={"x-session-id": "child", PARENT: "r" * 300})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == PARENT
 
 
 def test_a_sessions_own_header_survives_a_body_the_middleware_changes(app: TestClient) -> None:
