@@ -19,7 +19,7 @@ to. Delete the extra rows yourself (the query is in the error) and run it again.
 
 Revision ID: 0005
 Revises: 0004
-Create Date: 2026-12-02
+Create Date: 2026-12-01
 """
 
 from __future__ import annotations
