@@ -6,8 +6,8 @@ Flat keys: ``last_turn`` (bool), ``tool`` (the tool this turn calls), ``tool_arg
 ``pin_ttl_s`` (override the TTL, seconds >= 0), ``pin_ttl_max_s`` (the most this turn may
 be pinned, seconds >= 0: a ceiling on any TTL, the policy's or ``pin_ttl_s``), ``pin``
 (bool; 0 disables pinning for this request), ``release`` (bool: close the session now),
-``parent_session_id`` (the program this one works for, such as a sub-agent's session: the
-program keeps that program's place in the queue; the session middleware sets it).
+``parent_session_id`` (the program this one works for, such as a sub-agent's parent: the
+program is scheduled as part of it; the session middleware sets it).
 The tenant is never a request field: it is the engine's (its control-plane credentials).
 vLLM turns JSON booleans into ``1``/``0`` on the way, so flags accept 0/1, booleans and
 the strings ``"true"``/``"false"``/``"1"``/``"0"``.

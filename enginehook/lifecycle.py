@@ -247,11 +247,18 @@ class PinController(Generic[H]):
     ) -> None:
         """A request of the program arrived (``arrival``: its queue time; ``prompt_tokens``:
         its prompt, which the admission counts). ``parent``: the program this one works
-        for (a sub-agent's session), whose place in the program order it inherits: the
-        parent waits on it, so it is as old as the parent's work."""
+        for (a sub-agent's session). It is scheduled as part of that program: it inherits
+        the parent's first arrival (the parent waits on it, so it is as old as the
+        parent's work) and, on its first request, the parent's attained service, so it is
+        not a new program (no first-turn head start or reclaim: those are for new
+        sessions) and a session that fans out gets no larger share under service-based
+        orders."""
         self._tenants[program_id] = tenant
         if parent is not None and parent != program_id:
             arrival = min(arrival, self.arrivals.first(parent, arrival))
+            if program_id not in self._tokens and parent in self._tokens:
+                self._tokens[program_id] = self._tokens[parent]
+                self._service[program_id] = self._service.get(parent, 0.0)
         self.arrivals.observe(program_id, arrival)
         self.tracker(tenant).arrived(program_id, now)
         if self.admission is not None:

@@ -34,11 +34,11 @@ sub-agent's turn would replace the pin its siblings and parent are about to retu
 The qualified id is handed to vLLM where it reads first (the body's ``session_id`` or
 ``vllm_xargs.session_id`` when one of those won, else ``X-Session-ID``) and obeys the same
 limits (HTTP 400 naming the agent header). The session's own id goes along as
-``vllm_xargs.parent_session_id``: the sub-agent keeps its parent's place in the program
-order (the parent waits on it), where it would otherwise queue as a program newer than
-every other. Sub-agents that run in a session of their own name their parent in
-``X-Parent-Session-ID`` (:data:`PARENT_HEADER`; agent gateways and OpenCode plugins send
-it); it becomes the same hint, checked like a session id.
+``vllm_xargs.parent_session_id``: the sub-agent is scheduled as part of its parent (its
+place in the program order and its attained service; the parent waits on it), where it
+would otherwise queue as a new program. Sub-agents that run in a session of their own
+name their parent in ``X-Parent-Session-ID`` (:data:`PARENT_HEADER`; agent gateways and
+OpenCode plugins send it); it becomes the same hint, checked like a session id.
 
 A body's ``kv_hints`` (a ``KvHintsEnvelope`` as a JSON object, SGLang's and Dynamo's
 field) is checked (:func:`enginehook.kvhints.parse_kv_hints`; HTTP 400 with the field path

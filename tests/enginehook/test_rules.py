@@ -147,18 +147,23 @@ def _controller(rules: SchedulingRules, ttl: float = 5.0) -> tuple[PinController
     return PinController(rules, host, pool_blocks=100, decider=_Fixed(ttl), engine_id="t"), host
 
 
-def test_a_sub_agent_keeps_its_parents_place_in_the_program_order() -> None:
+def test_a_sub_agent_is_scheduled_as_part_of_its_parent() -> None:
     controller, _ = _controller(SchedulingRules())
     controller.arrived("parent", 0.0, 0.0)
     controller.arrived("other", 5.0, 5.0)
+    for program in ("parent", "other"):  # served, nothing pinned
+        controller.finished(FinishedTurn(program, None, context_tokens=320), 6.0, lambda: (0, ""))
     controller.arrived("parent/agent", 9.0, 9.0, parent="parent")
     controller.arrived("orphan", 9.0, 9.0, parent="ended-long-ago")  # unknown: its own
+    controller.arrived("new", 9.0, 9.0)
     first = controller.arrivals.first
     assert (first("parent/agent", -1), first("orphan", -1)) == (0.0, 9.0)
-    for program in ("parent", "other", "parent/agent", "orphan"):  # all have been served
-        controller.finished(FinishedTurn(program, "bash", "ls", 320), 10.0, lambda: (20, "h"))
-    keys = {p: controller.order_key(0, False, p, 12.0, p) for p in ("other", "parent/agent")}
-    assert keys["parent/agent"] < keys["other"]  # returning turns: the parent's place wins
+    # Its first request has the parent's service: not a new program, so the new session
+    # goes first, and the sub-agent takes the parent's place, ahead of the newer program.
+    assert controller.attained_tokens("parent/agent") == controller.attained_tokens("parent") > 0
+    assert controller.attained_tokens("orphan") == 0
+    keys = {p: controller.order_key(0, False, p, 9.0, p) for p in ("other", "parent/agent", "new")}
+    assert keys["new"] < keys["parent/agent"] < keys["other"]
 
 
 def test_the_lifecycle_of_one_program() -> None:
