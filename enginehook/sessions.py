@@ -17,12 +17,12 @@ this order (:data:`SOURCES`), the first one present winning:
 
 vLLM's own three come first so that the middleware never changes what vLLM would decide
 (but for the sub-agent qualifier below); then the headers a router or an agent sets for
-session identity; the cache key last. When
-the winner is not one of vLLM's own, the middleware hands it to vLLM unchanged: a header's
-bytes as ``X-Session-ID``, ``prompt_cache_key`` as ``vllm_xargs.session_id`` (a JSON
-string, so any text survives). The winning id must be 1..256 characters without control
-characters (the control plane's program-id limit); otherwise the answer is HTTP 400
-naming the header or field. Ids that do not win are not looked at.
+session identity; the cache key last. When the winner is not one of vLLM's own, the
+middleware hands it to vLLM unchanged: a header's bytes as ``X-Session-ID``,
+``prompt_cache_key`` as ``vllm_xargs.session_id`` (a JSON string, so any text survives).
+The winning id must be 1..256 characters without control characters (the control plane's
+program-id limit); otherwise the answer is HTTP 400 naming the header or field. Ids that
+do not win are not looked at.
 
 Sub-agents (:data:`AGENT_HEADERS`): Claude Code sends its sub-agents' requests (the Agent
 or Task tool) with the parent's ``X-Claude-Code-Session-Id`` and the sub-agent's own
