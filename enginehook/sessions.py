@@ -12,7 +12,10 @@ this order (:data:`SOURCES`), the first one present winning:
 4. header ``X-Dynamo-Session-ID`` (NVIDIA Dynamo's canonical session header);
 5. header ``X-Claude-Code-Session-Id`` (Claude Code; llm-d's ``agent-identity`` plugin has
    no header of its own, it reads the agents' native ones such as this);
-6. body ``prompt_cache_key`` (OpenAI's): last, because it is a cache key that several
+6. header ``Session-Id`` (the Codex CLI on the Responses API, and pi);
+7. header ``session_id`` (older Codex CLIs; proxies such as nginx drop header names with
+   underscores unless told otherwise);
+8. body ``prompt_cache_key`` (OpenAI's): last, because it is a cache key that several
    sessions may share on purpose (one key per prompt template), so it is only a fallback.
 
 vLLM's own three come first so that the middleware never changes what vLLM would decide
@@ -105,6 +108,8 @@ SOURCES = (
     ("body", "vllm_xargs.session_id", True),
     ("header", "x-dynamo-session-id", False),
     ("header", "x-claude-code-session-id", False),
+    ("header", "session-id", False),
+    ("header", "session_id", False),
     ("body", "prompt_cache_key", False),
 )
 #: ``(sub-agent header, the session header it qualifies)``: a request carrying both, whose
@@ -294,7 +299,7 @@ class SessionIdMiddleware:
             return
         header = None  # the X-Session-ID to send in place of the request's
         if choice is not None and not choice.vllm_reads:
-            if choice.source == "session_id":  # vLLM's own, qualified by a sub-agent
+            if choice.source == "session_id" and not choice.header:  # vLLM's own, qualified
                 body["session_id"], changed = choice.session_id, True
             elif choice.header:
                 header = choice.session_id.encode("latin-1")  # the header's bytes, as received

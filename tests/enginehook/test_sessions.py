@@ -86,6 +86,9 @@ CLAUDE = {"x-claude-code-session-id": "claude"}
     [
         ({**DYNAMO, **CLAUDE}, {"prompt_cache_key": "pck"}, "dyn", None),
         (CLAUDE, {"prompt_cache_key": "pck"}, "claude", None),
+        ({"session-id": "codex", "session_id": "old"}, {"prompt_cache_key": "c"}, "codex", None),
+        ({"session_id": "old-codex"}, {"prompt_cache_key": "c"}, "old-codex", None),
+        ({**CLAUDE, "session-id": "codex"}, {}, "claude", None),
         ({}, {"prompt_cache_key": "pck", "vllm_xargs": {"pin": 0}}, None, "pck"),
         ({"x-dynamo-session-id": ""}, {"prompt_cache_key": "pck"}, None, "pck"),  # empty: absent
         ({"x-session-id": "vllm-h", **DYNAMO}, {}, "vllm-h", None),  # vLLM reads it itself
@@ -387,6 +390,7 @@ def test_each_session_source_is_the_program_and_the_first_present_wins(server: S
         ("src-xargs", {"vllm_xargs": {"session_id": "src-xargs"}}, {}),
         ("src-dynamo", {}, {"X-Dynamo-Session-ID": "src-dynamo"}),
         ("src-claude", {}, {"X-Claude-Code-Session-Id": "src-claude"}),
+        ("src-codex", {"prompt_cache_key": "lose-8"}, {"Session-Id": "src-codex"}),
         ("src-cache-key", {"prompt_cache_key": "src-cache-key"}, {}),
         (
             "win-body",
