@@ -122,6 +122,8 @@ FINAL_HEADER = "x-dynamo-session-final"
 #: The longest session id accepted (the control plane's program-id limit).
 MAX_SESSION_ID = 256
 _MAX_BODY = 32 * 1024 * 1024
+#: Names that are both a header source and a body field: errors say "header <name>".
+_AMBIGUOUS = {n for k, n, _ in SOURCES if k == "header"} & {n for k, n, _ in SOURCES if k == "body"}
 
 
 class MalformedRequestError(ValueError):
@@ -190,9 +192,15 @@ def choose_session(
             value = _body_value(body, name)
         if isinstance(value, str) and value:
             return _qualified(
-                SessionChoice(_check(name, value), name, own, kind == "header"), headers
+                SessionChoice(_check(_where(kind, name), value), name, own, kind == "header"),
+                headers,
             )
     return None
+
+
+def _where(kind: str, name: str) -> str:
+    """How an error names a source (``header session_id`` is not the body's field)."""
+    return f"header {name}" if kind == "header" and name in _AMBIGUOUS else name
 
 
 def _qualified(choice: SessionChoice, headers: Mapping[str, str]) -> SessionChoice:

@@ -187,6 +187,7 @@ def test_a_malformed_sub_agent_id_is_a_400_naming_its_header(
         ({"x-claude-code-session-id": "a\tb"}, {}, "x-claude-code-session-id", "control char"),
         ({}, {"prompt_cache_key": "k\x01"}, "prompt_cache_key", "control characters"),
         ({}, {"session_id": "s" * 300}, "session_id", "at most 256 characters"),
+        ({"session_id": "s" * 300}, {}, "header session_id", "at most 256 characters"),
         ({}, {"vllm_xargs": {"session_id": "x\n"}}, "vllm_xargs.session_id", "control"),
     ],
 )
