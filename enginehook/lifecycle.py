@@ -181,6 +181,10 @@ class PinController(Generic[H]):
     def first_turn_head_start_s(self) -> float:
         return self.rules.first_turn_head_start_s
 
+    @property
+    def first_turn_over_pins(self) -> bool:
+        return self.rules.first_turn_over_pins
+
     # -- what orderings ask ----------------------------------------------------------------
     def pinned(self, program_id: str | None) -> bool:
         return program_id is not None and program_id in self.pins

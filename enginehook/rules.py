@@ -120,6 +120,8 @@ class OrderContext(Protocol):
     def order_window_s(self) -> float: ...
     @property
     def first_turn_head_start_s(self) -> float: ...
+    @property
+    def first_turn_over_pins(self) -> bool: ...
 
 
 #: ``(context, priority, preempted, program id, arrival, request id) -> sort key``
@@ -156,13 +158,17 @@ def _program(
 ) -> tuple[Any, ...]:
     """The paper's: preempted, then programs holding a live pin, then program arrival
     (with a returning turn's head start bounded by ``order_window_s`` when > 0, and a new
-    program's first turn ordered ``first_turn_head_start_s`` before its arrival)."""
+    program's first turn ordered ``first_turn_head_start_s`` before its arrival; with
+    ``first_turn_over_pins`` new programs' first turns go ahead of the pinned ones too)."""
     first = ctx.first_arrival(program, t)
     window = ctx.order_window_s
     if window > 0:
         first = max(first, t - window)
     head = ctx.first_turn_head_start_s
-    if head > 0 and ctx.attained_tokens(program) == 0:  # nothing served yet: a new program
+    new = ctx.attained_tokens(program) == 0  # nothing served yet: a new program
+    if new and ctx.first_turn_over_pins:
+        return (priority, 0 if preempted else 1, -1, t, t, rid)
+    if head > 0 and new:
         first -= head
     return (priority, 0 if preempted else 1, 0 if ctx.pinned(program) else 1, first, t, rid)
 
@@ -283,6 +289,14 @@ class SchedulingRules:
             "pin's program would lose); off: only running or preempted work releases pins"
         },
     )
+    first_turn_over_pins: bool = field(
+        default=False,
+        metadata={
+            "help": "the program ordering places every new program's first turn ahead of "
+            "every returning turn, those holding a live pin included (only preempted work "
+            "goes first; the head start then orders nothing): the fair end of the frontier"
+        },
+    )
     budget_share: float = field(
         default=1.0, metadata={"help": "share of the KV pool pins may hold at once"}
     )
@@ -324,10 +338,9 @@ class SchedulingRules:
         set_(self, "ttl_cap_s", _check_seconds("ttl_cap_s", self.ttl_cap_s, finite=False))
         head = _check_seconds("first_turn_head_start_s", self.first_turn_head_start_s, finite=False)
         set_(self, "first_turn_head_start_s", head)
-        if not isinstance(self.first_turn_reclaim, bool):
-            raise ValueError(
-                f"first_turn_reclaim must be true or false, got {self.first_turn_reclaim!r}"
-            )
+        for flag in _FLAGS:
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         share = self.budget_share
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
             raise ValueError(f"budget_share must be in [0, 1], got {share!r}")
@@ -379,6 +392,10 @@ class SchedulingRules:
         return out
 
 
+#: The rules that are true or false.
+_FLAGS = ("first_turn_reclaim", "first_turn_over_pins")
+
+
 def _rule_value(name: str, value: Any) -> PressureRule:
     if isinstance(value, PressureRule):
         return value
@@ -395,7 +412,7 @@ def _from_text(name: str, text: str) -> Any:
     """A rule's value from its text form."""
     if name in ("tier_pressure", "tier_order_window_s") and text.strip().lower() == "none":
         return None
-    if name == "first_turn_reclaim":
+    if name in _FLAGS:
         flag = text.strip().lower()
         if flag in ("1", "true", "on", "yes"):
             return True

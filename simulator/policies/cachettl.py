@@ -27,6 +27,8 @@ order_window_s      bound on a returning turn's program-order head start        
 new first           ``first_turn_head_start_s``: a new program's first turn is   0
                     ordered this long before its arrival (inf: before every
                     returning turn, after preempted and pinned ones)
+over pins           ``first_turn_over_pins``: new programs' first turns ahead of   off
+                    pinned returning turns too (the frontier's fair end)
 tier_pressure       ``pressure`` where a CPU tier exists (a miss is a reload)    always
 tier_order_window_s ``order_window_s`` where a CPU tier exists                   0
 ==================  ===========================================================  =========

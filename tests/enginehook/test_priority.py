@@ -21,6 +21,8 @@ class Ctx:
     arrivals: ProgramArrivals
     order_window_s: float = 0.0
     first_turn_head_start_s: float = 0.0  # the paper's order: no head start for new programs
+    first_turn_over_pins: bool = False
+    served: frozenset[str] = frozenset()  # programs with attained service (the rest are new)
 
     def pinned(self, program_id: str | None) -> bool:
         return program_id in self.pinned_programs
@@ -32,7 +34,7 @@ class Ctx:
         return 0.0
 
     def attained_tokens(self, program_id: str | None) -> float:
-        return 0.0
+        return 100.0 if program_id in self.served else 0.0
 
 
 @dataclass
@@ -122,3 +124,28 @@ def test_order_window_bounds_the_head_start_of_returning_turns():
     late = PROGRAM(windowed, 0, False, "old", 60.0, "old-b")
     assert soon < newcomer < late
     assert PROGRAM(unbounded, 0, False, "old", 60.0, "x") < newcomer
+
+
+def test_new_programs_go_ahead_of_pinned_returning_turns_only_with_over_pins():
+    arrivals = ProgramArrivals()
+    for program, t in (("pinned", 0.0), ("old", 1.0), ("late", 30.0)):
+        arrivals.observe(program, t)
+    served = frozenset({"pinned", "old", "late"})
+    reqs = [
+        Req("pinned-2", "pinned", 40.0),
+        Req("old-2", "old", 41.0),
+        Req("new-b", "new-b", 21.0),
+        Req("new-a", "new-a", 20.0),
+        Req("late-2", "late", 39.0, preempted=True),
+    ]
+
+    def order(ctx: Ctx) -> list[str]:
+        keys = {r.rid: PROGRAM(ctx, 0, r.preempted, r.program, r.arrival, r.rid) for r in reqs}
+        return sorted(keys, key=keys.__getitem__)
+
+    inf = float("inf")
+    default = Ctx({"pinned"}, arrivals, first_turn_head_start_s=inf, served=served)
+    over = Ctx({"pinned"}, arrivals, 0.0, inf, first_turn_over_pins=True, served=served)
+    assert order(default) == ["late-2", "pinned-2", "new-a", "new-b", "old-2"]
+    # new programs by arrival, ahead of the pinned turn; preempted work still first
+    assert order(over) == ["late-2", "new-a", "new-b", "pinned-2", "old-2"]

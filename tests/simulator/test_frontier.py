@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from controlplane.cli import main
-from simulator.frontier import covered
+from simulator.frontier import FAIR_END, covered
 
 
 def test_a_point_is_covered_only_by_a_curve_point_at_or_below_it_on_both_axes() -> None:
@@ -29,10 +29,24 @@ def test_bench_frontier_command(tmp_path, capsys) -> None:
     data = json.loads(out.with_suffix(".json").read_text())
     results = data["panels"]["swe 1×"]["results"]
     curve = ["cachettl(first_turn_head_start_s=0)", "cachettl(first_turn_head_start_s=inf)"]
-    assert set(results) == {"vllm", "thunderagent", *curve}
+    assert set(results) == {"vllm", "thunderagent", *curve, f"cachettl({FAIR_END})"}
     text = out.with_suffix(".md").read_text()
     assert "| thunderagent |" in text
     assert out.with_suffix(".png").stat().st_size > 1000
     assert main(["bench", "frontier", "--knob", "nope"]) == 2
     assert "--knob must be a rule" in capsys.readouterr().err
     assert main(["bench", "frontier", "--values", "x"]) == 2
+    assert main(["bench", "frontier", "--fair-end", "first_turn_over_pins"]) == 2
+    assert "--fair-end must be key=value" in capsys.readouterr().err
+    assert main(["bench", "frontier", "--fair-end", "nope=1"]) == 2
+    assert "unknown scheduling rule 'nope'" in capsys.readouterr().err
+
+
+def test_bench_frontier_without_a_fair_end(tmp_path) -> None:
+    out = tmp_path / "front"
+    args = ["bench", "frontier", "--workloads", "swe", "--programs", "12", "--seeds", "0"]
+    args += ["--loads", "1", "--policy", "vllm", "--values", "inf", "--fair-end", ""]
+    assert main([*args, "--out", str(out)]) == 0
+    results = json.loads(out.with_suffix(".json").read_text())["panels"]["swe 1×"]["results"]
+    assert set(results) == {"vllm", "cachettl(first_turn_head_start_s=inf)"}
+    assert "--fair-end" in json.loads(out.with_suffix(".json").read_text())["command"]
