@@ -153,12 +153,16 @@ def _plot(
             mean, _, wait = res[spec]
             ax.scatter([max(wait, 0.05)], [mean], label=spec, marker="s" if spec in PEERS else "o")
         xs = [max(res[s][2], 0.05) for s in curve]
-        ax.plot(xs, [res[s][0] for s in curve], "k-^", label=f"cachettl ({knob} swept)")
+        ax.plot(
+            xs, [res[s][0] for s in curve], "k-^", label=f"cachettl ({knob} swept, then --fair-end)"
+        )
         for spec, x in zip(curve, xs, strict=True):
-            label = (
-                spec.split("=", 1)[1].rstrip(")") if spec.startswith(f"cachettl({knob}=") else spec
+            swept = spec.startswith(f"cachettl({knob}=")
+            label = spec.split("=", 1)[1].rstrip(")") if swept else "fair end"
+            offset = (0, 6) if swept else (0, -11)
+            ax.annotate(
+                label, (x, res[spec][0]), xytext=offset, textcoords="offset points", fontsize=7
             )
-            ax.annotate(label.removeprefix("cachettl(").rstrip(")"), (x, res[spec][0]), fontsize=7)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("new programs' first-turn wait P90 (s)")
