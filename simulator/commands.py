@@ -87,11 +87,12 @@ def register(
     show.set_defaults(handler=_stats)
 
     from simulator import bench as bench_module
-    from simulator import demo, fidelity, frontier, study
+    from simulator import demo, fidelity, frontier, seeds, study
 
     bench_module.register(bench)
     study.register(bench)
     frontier.register(bench)
+    seeds.register(bench)
     fidelity.register(bench)
     demo.register(commands)
 

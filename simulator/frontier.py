@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from enginehook.rules import SchedulingRules
-from simulator.study import PEERS, WORKLOADS, Study, study_arguments
+from simulator.study import PEERS, WORKLOADS, Study, output_path, study_arguments
 
 __all__ = ["FAIR_END", "PEERS", "POINTS", "covered", "register"]
 
@@ -98,12 +98,12 @@ def _frontier(args: argparse.Namespace) -> int:
             panel = f"{name} {factor:g}×"
             summary["panels"][panel] = {"rate": rate * factor, "results": res}
             lines += _panel(panel, rate * factor, res, points, curve)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
-    _plot(out.with_suffix(".png"), summary["panels"], points, curve, args.knob)
-    print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.png')}")
+    md, png = output_path(args.out, ".md"), output_path(args.out, ".png")
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text("\n".join(lines) + "\n")
+    output_path(args.out, ".json").write_text(json.dumps(summary, indent=1) + "\n")
+    _plot(png, summary["panels"], points, curve, args.knob)
+    print(f"wrote {md} and {png}")
     return 0
 
 

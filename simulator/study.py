@@ -31,6 +31,7 @@ __all__ = [
     "WORKLOADS",
     "Study",
     "cachettl_spec",
+    "output_path",
     "register",
     "variants",
 ]
@@ -165,7 +166,18 @@ class Study:
     def measure(self, workload: str, rate: float, specs: Sequence[str]) -> dict[str, list[float]]:
         """Per spec: [mean JCT, P99 JCT, first-turn wait P90], averaged over the seeds.
         The spec :data:`UNLIMITED_KV` is ``vllm`` on a pool that never evicts."""
-        out = {spec: [0.0, 0.0, 0.0] for spec in specs}
+        runs = self.per_seed(workload, rate, specs)
+        n = len(self.seeds)
+        return {
+            spec: [math.fsum(run[i] for run in runs[spec]) / n for i in range(3)] for spec in specs
+        }
+
+    def per_seed(
+        self, workload: str, rate: float, specs: Sequence[str]
+    ) -> dict[str, list[tuple[float, float, float]]]:
+        """Per spec, per seed (in :attr:`seeds` order): (mean JCT, P99 JCT, first-turn wait
+        P90), every spec on the same trace of each seed."""
+        out: dict[str, list[tuple[float, float, float]]] = {spec: [] for spec in specs}
         policies = [spec for spec in specs if spec != UNLIMITED_KV]
         for seed in self.seeds:
             trace = redraw_arrivals(self.base(workload, seed), rate, seed)
@@ -180,9 +192,7 @@ class Study:
                 )["vllm"]
             for spec in specs:
                 m = res[spec]
-                values = (m.mean_jct_s, m.p99_jct_s, m.first_turn_wait_p90_s)
-                for i, v in enumerate(values):
-                    out[spec][i] += v / len(self.seeds)
+                out[spec].append((m.mean_jct_s, m.p99_jct_s, m.first_turn_wait_p90_s))
         return out
 
 
@@ -240,6 +250,20 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.set_defaults(handler=_ablation)
 
 
+def output_path(out: str, suffix: str) -> Path:
+    """The file ``OUT`` + ``suffix`` of ``--out OUT``. A dot in the name stays (a load
+    ``seeds_0.8`` is not a suffix to replace); an ``OUT`` already ending in one of the
+    files' suffixes (``.md``, ``.json``, ``.png``) loses it first.
+
+    >>> output_path("results/seeds_0.8", ".md").name, output_path("r/a.json", ".md").name
+    ('seeds_0.8.md', 'a.md')
+    """
+    path = Path(out)
+    if path.suffix in (".md", ".json", ".png"):
+        path = path.with_suffix("")
+    return path.with_name(path.name + suffix)
+
+
 def study_arguments(args: argparse.Namespace) -> tuple[list[int], list[float], list[str]]:
     """``(seeds, loads, workloads)`` of a study command (``bench ablation``, ``bench
     frontier``), with ``--programs`` and ``--cpu-tier-tokens`` checked; errors name the flag."""
@@ -285,9 +309,9 @@ def _ablation(args: argparse.Namespace) -> int:
             rows = variants(share=name == "swe-tenants")
         table, summary[name] = _table(study, name, loads, rows)
         lines += table
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"wrote {out.with_suffix('.md')}")
+    md = output_path(args.out, ".md")
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text("\n".join(lines) + "\n")
+    output_path(args.out, ".json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"wrote {md}")
     return 0
