@@ -57,7 +57,8 @@ def test_bench_seeds_runs_every_policy_on_each_seeds_trace(tmp_path, capsys) -> 
     args += ["--rate", "0.2", "--policy", "cachettl", "--against", "vllm,continuum-preview"]
     assert main([*args, "--out", str(out)]) == 0
     data = json.loads((tmp_path / "seeds_0.2.json").read_text())
-    assert data["seeds"] == [0, 1, 2] and data["load"] is None
+    assert data["seeds"] == [0, 1, 2]
+    assert data["load"] is None
     # The seed's figures are those of `cachettl simulate --rate 0.2 --seed N` on the trace.
     for k, seed in enumerate(data["seeds"]):
         trace = generate("swe", 12, rate=0.2, seed=seed)
@@ -71,7 +72,8 @@ def test_bench_seeds_runs_every_policy_on_each_seeds_trace(tmp_path, capsys) -> 
     for row in data["comparisons"]:
         assert row["wins"] + row["ties"] + row["losses"] == 3
     text = (tmp_path / "seeds_0.2.md").read_text()
-    assert "| vllm | mean JCT |" in text and "| 2 | " in text and "| mean | " in text
+    for line in ("| vllm | mean JCT |", "| 2 | ", "| mean | "):
+        assert line in text
     assert "--rate 0.2 --policy 'cachettl'" in data["command"]
     assert "vllm mean JCT:" in capsys.readouterr().out
 
