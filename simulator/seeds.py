@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -188,7 +189,8 @@ def _summary(
     load = f"--rate {args.rate:g}" if factor is None else f"--load {factor:g}"
     command = (
         f"cachettl bench seeds --workload {args.workload} --programs {args.programs} "
-        f"--seeds {args.seeds} {load} --policy '{policy}' --against '{args.against}'"
+        f"--seeds {args.seeds} {load} --policy {shlex.quote(policy)} "
+        f"--against {shlex.quote(args.against)}"
         + (f" --cpu-tier-tokens {args.cpu_tier_tokens}" if args.cpu_tier_tokens else "")
     )
     comparisons = []

@@ -74,7 +74,7 @@ def test_bench_seeds_runs_every_policy_on_each_seeds_trace(tmp_path, capsys) -> 
     text = (tmp_path / "seeds_0.2.md").read_text()
     for line in ("| vllm | mean JCT |", "| 2 | ", "| mean | "):
         assert line in text
-    assert "--rate 0.2 --policy 'cachettl'" in data["command"]
+    assert "--rate 0.2 --policy cachettl --against vllm,continuum-preview" in data["command"]
     assert "vllm mean JCT:" in capsys.readouterr().out
 
 
