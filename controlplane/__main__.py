@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controlplane import commands
+from controlplane.cli import commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from controlplane.records import MISSES, MissQuery, MissReason, ToolCall
 from controlplane.state import ModelState, PinCounts
-from controlplane.store import Store
+from controlplane.storage import Store
 from estimator import DurationModel, Level
 
 __all__ = [
@@ -206,7 +206,7 @@ def miss_stats(
 ) -> MissStats:
     """The tenant's returning turns by reason (of one tool and program when given).
 
-    >>> from controlplane.memory_store import MemoryStore
+    >>> from controlplane.storage.memory import MemoryStore
     >>> miss_stats(MemoryStore(), "acme")
     MissStats(reasons={}, expired_by=[])
     """

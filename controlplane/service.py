@@ -29,7 +29,7 @@ from controlplane.records import (
 from controlplane.sharing import SharingRules
 from controlplane.snapshots import SnapshotPayloads, in_slices
 from controlplane.state import ModelState
-from controlplane.store import Store, hash_token, new_token
+from controlplane.storage import Store, hash_token, new_token
 from estimator import Decision, RequestFacts, get_policy
 
 __all__ = ["ControlPlane"]
@@ -40,7 +40,7 @@ READ_BATCH = 5000
 #: or model more at most); decisions wait at most about this long.
 LOCK_SLICE_S = 0.0005
 #: How long ``authenticate`` (in-process callers: the CLI, tests) trusts a lookup. The
-#: gRPC server resolves tokens with ``controlplane.auth.TenantCache`` instead (fresh and
+#: gRPC server resolves tokens with ``controlplane.rpc.auth.TenantCache`` instead (fresh and
 #: stale ages, lookups off the event loop; controlplane/README.md, "Limits").
 AUTH_CACHE_S = 2.0
 

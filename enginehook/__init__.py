@@ -6,19 +6,19 @@ the vLLM scheduler classes and the simulator both host it, under one
 
 The modules imported here are engine-independent (plain ids, block counts and times) so
 that the simulator drives the same code; nothing here imports vLLM. The scheduler classes
-live in :mod:`enginehook.scheduler` (imports vLLM) and are loaded by vLLM with
+live in :mod:`enginehook.vllm.scheduler` (imports vLLM) and are loaded by vLLM with
 ``--scheduler-cls enginehook.scheduler.CacheTTLScheduler``.
 """
 
-from enginehook.decide import TtlDecider
-from enginehook.detect import DetectedCall, detect_tool_call
-from enginehook.hints import Hints
-from enginehook.lifecycle import EngineHost, FinishedTurn, PinController
-from enginehook.pins import Pin, PinResult, PinTable, ReleaseReason
-from enginehook.pressure import PressureRule, choose_victims, may_release
-from enginehook.priority import ProgramArrivals, SortedWaitQueue
-from enginehook.rules import ORDERINGS, VICTIMS, SchedulingRules
-from enginehook.tracker import PinOutcome, ProgramEndEvent, ToolCallEvent, ToolCallTracker
+from enginehook.core.decide import TtlDecider
+from enginehook.core.detect import DetectedCall, detect_tool_call
+from enginehook.core.lifecycle import EngineHost, FinishedTurn, PinController
+from enginehook.core.pins import Pin, PinResult, PinTable, ReleaseReason
+from enginehook.core.pressure import PressureRule, choose_victims, may_release
+from enginehook.core.priority import ProgramArrivals, SortedWaitQueue
+from enginehook.core.rules import ORDERINGS, VICTIMS, SchedulingRules
+from enginehook.core.tracker import PinOutcome, ProgramEndEvent, ToolCallEvent, ToolCallTracker
+from enginehook.hints.flat import Hints
 
 __all__ = [
     "ORDERINGS",

@@ -43,7 +43,7 @@ __all__ = [
 COLD_START = "cold-start"
 
 #: The hard TTL cap, seconds: ``cachettl``'s default and the pin controller's
-#: (``enginehook.rules.SchedulingRules.ttl_cap_s``).
+#: (``enginehook.core.rules.SchedulingRules.ttl_cap_s``).
 DEFAULT_TTL_CAP_S = 300.0
 
 #: ``cachettl``'s TTL slack: a pin is held for this multiple of the exact optimum τ*

@@ -1,4 +1,4 @@
-"""Alembic environment: runs on the connection that ``controlplane.migrate`` hands over."""
+"""Alembic environment: runs on the connection that ``controlplane.storage.migrate`` hands over."""
 
 from __future__ import annotations
 

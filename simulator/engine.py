@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from enginehook.priority import SortedWaitQueue
+from enginehook.core.priority import SortedWaitQueue
 from simulator.kv import BlockPool, CpuTier
 from simulator.steptime import StepTimer
 

@@ -1,7 +1,7 @@
 """A simulation run: programs → LLM turn → tool gap → next turn, on one engine.
 
 :class:`Simulation` owns the event loop and the engine, and hosts the shipped
-:class:`enginehook.lifecycle.PinController` (the object the vLLM hook runs) with the
+:class:`enginehook.core.lifecycle.PinController` (the object the vLLM hook runs) with the
 policy's rules and TTLs: the controller pins finished turns, expires pins, releases them
 under pressure, orders the waiting queue and follows tool calls (duration = next arrival −
 finish, pin outcome, admission delay), whose events the policy learns from.
@@ -13,9 +13,9 @@ import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from enginehook.lifecycle import FinishedTurn, PinController
-from enginehook.pins import Pin, ReleaseReason
-from enginehook.tracker import CacheSeen, ProgramEndEvent, ToolCallEvent
+from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.pins import Pin, ReleaseReason
+from enginehook.core.tracker import CacheSeen, ProgramEndEvent, ToolCallEvent
 from estimator import HardwareProfile, get_profile
 from simulator.engine import Engine, EngineConfig, Request
 from simulator.loop import ARRIVAL, STEP_END, STEP_START, Event, EventLoop

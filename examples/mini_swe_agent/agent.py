@@ -7,7 +7,7 @@ Start the server (see README.md, "Agents: mini-swe-agent on a real model"), then
 Each program works in its own small git repository made on the spot (a Python package
 with a bug and its tests) and sends its session id in the ``X-Session-ID`` header: the
 program id the hook pins KV blocks for between the agent's turns. This is all the wiring
-an agent needs; ``enginehook.agentrun.run_agent`` does the same and records timings.
+an agent needs; ``enginehook.tools.agentrun.run_agent`` does the same and records timings.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml  # type: ignore[import-untyped]
 
-from enginehook.agentrun import TASKS, make_sandbox
+from enginehook.tools.agentrun import TASKS, make_sandbox
 
 CONFIG = Path(__file__).with_name("config.yaml")
 

@@ -1,7 +1,7 @@
 """Scheduling policies of the simulator, chosen by name from one registry.
 
-Every policy runs in the simulation's :class:`enginehook.lifecycle.PinController`, the object
-the vLLM hook runs: a policy supplies its :class:`enginehook.rules.SchedulingRules` (queue
+Every policy runs in the simulation's :class:`enginehook.core.lifecycle.PinController`, the object
+the vLLM hook runs: a policy supplies its :class:`enginehook.core.rules.SchedulingRules` (queue
 order, pressure rule, victims, TTL cap, pin budget), the TTL of a finished turn (``decide``)
 and what it learns from the controller's events.
 

@@ -1,9 +1,9 @@
 """The base of the simulator's policies: parameters, the registry, and vLLM's behaviour.
 
-A policy tells the simulation's :class:`enginehook.lifecycle.PinController` three things:
-its :class:`~enginehook.rules.SchedulingRules` (queue order, pressure rule, victims, TTL
+A policy tells the simulation's :class:`enginehook.core.lifecycle.PinController` three things:
+its :class:`~enginehook.core.rules.SchedulingRules` (queue order, pressure rule, victims, TTL
 cap, pin budget), whether and how long to pin (``decide``, the controller's
-:class:`~enginehook.lifecycle.Decider`) and what it learns from the events the controller
+:class:`~enginehook.core.lifecycle.Decider`) and what it learns from the events the controller
 emits. Everything else runs in the controller the vLLM hook runs too.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from enginehook.lifecycle import FinishedTurn
-from enginehook.rules import SchedulingRules
-from enginehook.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.rules import SchedulingRules
+from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
 from estimator import Decision, HardwareProfile, Models, RequestFacts, get_profile
 from estimator.signatures import SHELL_TOOLS
 

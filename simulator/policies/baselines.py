@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from enginehook.rules import SchedulingRules
+from enginehook.core.rules import SchedulingRules
 from simulator.policies.base import SchedulingPolicy, register_scheduling_policy
 
 __all__ = ["Autellix", "ProgramFcfs"]

@@ -38,7 +38,7 @@ With a CPU tier a lost pin costs a reload, not a prefill; the tier settings repl
 paper's program order alone makes new programs wait behind every returning turn; with new
 programs' first turns first it keeps its gain without starving them, with or without a
 tier (simulator/README.md, "New programs first"). The rule switches are
-:class:`enginehook.rules.SchedulingRules` fields, whose defaults are ``cachettl``'s.
+:class:`enginehook.core.rules.SchedulingRules` fields, whose defaults are ``cachettl``'s.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from enginehook.lifecycle import FinishedTurn
-from enginehook.rules import SchedulingRules
+from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.rules import SchedulingRules
 from estimator import (
     DEFAULT_TTL_SLACK,
     Decision,

@@ -1,6 +1,6 @@
 """The 2026 peers (../shared/notes/field-2026.md §0–1, §1.8): ThunderAgent, llm-d's
 program-aware fairness and SGLang's session radix cache. Each is a set of
-:class:`enginehook.rules.SchedulingRules` (so its mechanism runs in the controller both
+:class:`enginehook.core.rules.SchedulingRules` (so its mechanism runs in the controller both
 hosts run) and, for SGLang, a TTL; sources and constants are in simulator/README.md.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from enginehook.lifecycle import FinishedTurn
-from enginehook.rules import SchedulingRules
+from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.rules import SchedulingRules
 from estimator import Decision, RequestFacts
 from simulator.policies.base import (
     Param,
@@ -27,7 +27,7 @@ class ThunderAgent(SchedulingPolicy):
     """ThunderAgent (arXiv 2602.13692): program-level admission in front of an unmodified
     vLLM (FCFS, end-of-turn release, LRU prefix cache). Programs are paused and resumed
     whole at tool boundaries so that the KV of the admitted programs fits
-    (:mod:`enginehook.admission`: capacity model, 5 s check, best-fit-decreasing resume,
+    (:mod:`enginehook.core.admission`: capacity model, 5 s check, best-fit-decreasing resume,
     forced resume after 30 min); no pinning."""
 
     name = "thunderagent"

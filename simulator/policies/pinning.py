@@ -8,9 +8,9 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
-from enginehook.lifecycle import FinishedTurn
-from enginehook.pressure import PressureRule
-from enginehook.rules import SchedulingRules
+from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.pressure import PressureRule
+from enginehook.core.rules import SchedulingRules
 from estimator import (
     CostModel,
     Decision,

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 import pytest
 from sqlalchemy import create_engine, text
 
-from controlplane.server import ControlPlaneServer, ServerOptions
+from controlplane.rpc.server import ControlPlaneServer, ServerOptions
 from controlplane.service import ControlPlane
-from controlplane.store import Store, create_store
+from controlplane.storage import Store, create_store
 
 T = TypeVar("T")
 PG_BASE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -16,9 +16,9 @@ from controlplane._gen.cachettl.v1 import (
     ttl_pb2,
     ttl_pb2_grpc,
 )
-from controlplane.client import ControlPlaneClient, ToolCall, to_event
+from controlplane.rpc.client import ControlPlaneClient, ToolCall, to_event
 from controlplane.service import ControlPlane
-from controlplane.store import Store
+from controlplane.storage import Store
 
 from .abuse import HalfOpen
 from .conftest import ServerThread, running

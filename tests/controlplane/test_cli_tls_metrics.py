@@ -19,10 +19,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from controlplane.__main__ import main
-from controlplane.client import ClientTls, ControlPlaneClient, ToolCall
-from controlplane.server import TlsFiles
+from controlplane.rpc.client import ClientTls, ControlPlaneClient, ToolCall
+from controlplane.rpc.server import TlsFiles
 from controlplane.service import ControlPlane
-from controlplane.store import create_store
+from controlplane.storage import create_store
 
 from .conftest import running
 

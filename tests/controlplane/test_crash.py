@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from controlplane.client import ControlPlaneClient, ToolCall
+from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
 from controlplane.state import ModelState
-from controlplane.store import create_store
+from controlplane.storage import create_store
 
 TOOLS = ("bash", "grep", "python", "edit", "search")
 BATCHES, PER_BATCH, WRITERS = 100, 100, 4

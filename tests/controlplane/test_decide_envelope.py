@@ -12,11 +12,7 @@ import grpc
 import pytest
 
 from controlplane._gen.cachettl.v1 import ttl_pb2, ttl_pb2_grpc
-from controlplane.client import ControlPlaneClient
-from controlplane.service import ControlPlane
-from controlplane.store import Store
-from enginehook.hints import request_hints
-from enginehook.kvhints import (
+from controlplane.kvhints import (
     RETENTION_ACTION,
     RETENTION_VERSION,
     XARGS_KEY,
@@ -24,6 +20,10 @@ from enginehook.kvhints import (
     parse_kv_hints,
     to_vllm,
 )
+from controlplane.rpc.client import ControlPlaneClient
+from controlplane.service import ControlPlane
+from controlplane.storage import Store
+from enginehook.hints.flat import request_hints
 
 from .conftest import ServerThread, running
 

@@ -20,7 +20,7 @@ from controlplane import inspection
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
 from controlplane.service import ControlPlane
 from controlplane.state import ModelState
-from controlplane.store import create_store
+from controlplane.storage import create_store
 
 from .conftest import ServerThread, running
 

@@ -16,10 +16,10 @@ import grpc
 import pytest
 
 from controlplane._gen.cachettl.v1 import model_pb2
-from controlplane.client import ControlPlaneClient, ToolCall
 from controlplane.learning import NameLimits
+from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
-from controlplane.store import Store, create_store
+from controlplane.storage import Store, create_store
 
 from .abuse import WATCH, HalfOpen, healthy
 

@@ -14,14 +14,14 @@ from sqlalchemy import create_engine, text
 
 from controlplane.__main__ import main
 from controlplane._gen.cachettl.v1 import events_pb2, events_pb2_grpc
-from controlplane.client import ControlPlaneClient, ToolCall, to_event
 from controlplane.errors import InvalidInputError
 from controlplane.learning import NameLimits
-from controlplane.migrate import upgrade
 from controlplane.records import Tenant
+from controlplane.rpc.client import ControlPlaneClient, ToolCall, to_event
 from controlplane.service import ControlPlane
-from controlplane.sql_store import SqlStore
-from controlplane.store import Store, create_store
+from controlplane.storage import Store, create_store
+from controlplane.storage.migrate import upgrade
+from controlplane.storage.sql import SqlStore
 
 from .conftest import pg_url
 

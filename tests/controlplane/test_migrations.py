@@ -17,11 +17,11 @@ from sqlalchemy.exc import IntegrityError
 
 from controlplane.__main__ import main
 from controlplane.errors import SchemaOutOfDateError
-from controlplane.migrate import current_revision, downgrade, upgrade
 from controlplane.records import ProgramEnd
-from controlplane.schema import HEAD_REVISION
 from controlplane.service import ControlPlane
-from controlplane.sql_store import SqlStore, make_engine
+from controlplane.storage.migrate import current_revision, downgrade, upgrade
+from controlplane.storage.schema import HEAD_REVISION
+from controlplane.storage.sql import SqlStore, make_engine
 
 from .conftest import pg_url
 

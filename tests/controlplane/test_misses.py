@@ -19,8 +19,6 @@ from sqlalchemy import create_engine, text
 
 from controlplane.__main__ import main
 from controlplane._gen.cachettl.v1 import events_pb2, events_pb2_grpc
-from controlplane.client import ControlPlaneClient, to_event
-from controlplane.migrate import upgrade
 from controlplane.records import (
     MissQuery,
     MissReason,
@@ -29,13 +27,15 @@ from controlplane.records import (
     ToolCall,
     TurnCache,
 )
-from controlplane.schema import HEAD_REVISION
+from controlplane.rpc.client import ControlPlaneClient, to_event
 from controlplane.service import ControlPlane
-from controlplane.sql_store import SqlStore
-from controlplane.store import Store, create_store
-from enginehook.cplink import to_tool_call
-from enginehook.pins import ReleaseReason
-from enginehook.tracker import CacheSeen, ToolCallTracker
+from controlplane.storage import Store, create_store
+from controlplane.storage.migrate import upgrade
+from controlplane.storage.schema import HEAD_REVISION
+from controlplane.storage.sql import SqlStore
+from enginehook.core.pins import ReleaseReason
+from enginehook.core.tracker import CacheSeen, ToolCallTracker
+from enginehook.link.remote import to_tool_call
 
 from .conftest import ServerThread, pg_url, running
 

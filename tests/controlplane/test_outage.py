@@ -9,10 +9,10 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from controlplane.auth import AuthOptions
-from controlplane.client import ControlPlaneClient, ToolCall
+from controlplane.rpc.auth import AuthOptions
+from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
-from controlplane.store import create_store
+from controlplane.storage import create_store
 
 from .abuse import TcpProxy, healthy
 from .conftest import running

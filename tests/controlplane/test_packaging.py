@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 from controlplane._resources import data_dir
-from controlplane.schema import HEAD_REVISION
+from controlplane.storage.schema import HEAD_REVISION
 
 ROOT = Path(__file__).resolve().parents[2]
 

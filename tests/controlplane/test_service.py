@@ -6,9 +6,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controlplane.client import ControlPlaneClient, ToolCall
 from controlplane.records import PinOutcome
-from controlplane.server import SERVICE_NAMES
+from controlplane.rpc.client import ControlPlaneClient, ToolCall
+from controlplane.rpc.server import SERVICE_NAMES
 from controlplane.service import ControlPlane
 from estimator import exponential_ttl, optimal_ttl
 
@@ -150,7 +150,7 @@ def test_restart_reuses_a_matching_snapshot_only(store):
 
 def test_database_failures_become_storage_errors():
     from controlplane.errors import StorageError
-    from controlplane.store import create_store
+    from controlplane.storage import create_store
 
     with pytest.raises(StorageError, match="database error"):
         create_store("postgresql://postgres@127.0.0.1:1/test")

@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from controlplane.client import ControlPlaneClient, ToolCall
+from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
 from controlplane.sharing import SharingRules, anonymous
-from controlplane.store import Store
+from controlplane.storage import Store
 
 from .conftest import running
 

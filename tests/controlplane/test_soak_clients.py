@@ -13,10 +13,10 @@ import grpc
 import pytest
 
 from controlplane._gen.cachettl.v1 import model_pb2, model_pb2_grpc
-from controlplane.client import ControlPlaneClient, ToolCall
-from controlplane.gate import Budgets
+from controlplane.rpc.client import ControlPlaneClient, ToolCall
+from controlplane.rpc.gate import Budgets
 from controlplane.service import ControlPlane
-from controlplane.store import Store
+from controlplane.storage import Store
 
 from .abuse import HalfOpen, healthy
 from .conftest import running

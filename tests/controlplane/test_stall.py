@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
-from controlplane.client import ControlPlaneClient, ToolCall
 from controlplane.learning import NameLimits
+from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
-from controlplane.store import Store
+from controlplane.storage import Store
 
 BOTH = pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 TOOLS = 4000

@@ -12,7 +12,6 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from controlplane.client import ControlPlaneClient
 from controlplane.errors import TenantExistsError, TenantNotFoundError
 from controlplane.records import (
     AppendResult,
@@ -22,8 +21,9 @@ from controlplane.records import (
     Tenant,
     ToolCall,
 )
+from controlplane.rpc.client import ControlPlaneClient
 from controlplane.service import ControlPlane
-from controlplane.store import SNAPSHOTS_KEPT, Store, hash_token
+from controlplane.storage import SNAPSHOTS_KEPT, Store, hash_token
 
 from .conftest import running
 

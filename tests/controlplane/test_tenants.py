@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from controlplane.client import ControlPlaneClient, ToolCall
+from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
 from controlplane.sharing import SharingRules
-from controlplane.store import Store, create_store
+from controlplane.storage import Store, create_store
 
 from .conftest import running
 

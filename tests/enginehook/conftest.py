@@ -16,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from enginehook.tinymodel import build_tiny_llama
+    from enginehook.tools.tinymodel import build_tiny_llama
 
     cache = os.environ.get("CACHETTL_TINY_MODEL_DIR")
     path = Path(cache) if cache else tmp_path_factory.mktemp("tiny-llama")

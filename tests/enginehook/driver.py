@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginehook.compat import hook_scheduler_cls
+from enginehook.vllm.compat import hook_scheduler_cls
 
 BLOCK = 32
 
@@ -46,7 +46,7 @@ class Driver:
         return self.engine.engine_core.engine_core.scheduler
 
     def words(self, n: int) -> list[int]:
-        from enginehook.tinymodel import random_words
+        from enginehook.tools.tinymodel import random_words
 
         ids: list[int] = self.tokenizer(random_words(self.rng, n))["input_ids"]
         return ids
@@ -134,7 +134,7 @@ def logged_events(driver: Driver) -> list[dict[str, Any]]:
     submitted so far."""
     import json
 
-    from enginehook.link import JsonlSink
+    from enginehook.link.sinks import JsonlSink
 
     sink = driver.scheduler.services.sink
     assert isinstance(sink, JsonlSink)
@@ -170,7 +170,7 @@ class ControlPlaneThread:
         import asyncio
         import threading
 
-        from controlplane.server import ControlPlaneServer
+        from controlplane.rpc.server import ControlPlaneServer
 
         self.server = ControlPlaneServer(plane, options)
         self.loop = asyncio.new_event_loop()

@@ -1,15 +1,15 @@
-"""The smallest engine around a :class:`~enginehook.lifecycle.PinController`, for the
+"""The smallest engine around a :class:`~enginehook.core.lifecycle.PinController`, for the
 controller's unit tests: free tokens, a waiting list, released pins and events recorded."""
 
 from __future__ import annotations
 
-from enginehook.pins import Pin, ReleaseReason
+from enginehook.core.pins import Pin, ReleaseReason
 
 __all__ = ["MinimalHost"]
 
 
 class MinimalHost:
-    """An :class:`~enginehook.lifecycle.EngineHost` with ``free`` tokens, the waiting
+    """An :class:`~enginehook.core.lifecycle.EngineHost` with ``free`` tokens, the waiting
     ``(program, tokens)`` list a test sets, and what the controller told it."""
 
     def __init__(self, free: int = 1_000, block_size: int = 16) -> None:

@@ -1,10 +1,10 @@
-"""ThunderAgent's program-level admission (enginehook.admission) and its controller rule."""
+"""ThunderAgent's program-level admission (enginehook.core.admission) and its controller rule."""
 
 import pytest
 
-from enginehook.admission import BUFFER_PER_PROGRAM, FORCE_RESUME_S, ProgramAdmission
-from enginehook.lifecycle import FinishedTurn, PinController
-from enginehook.rules import SchedulingRules
+from enginehook.core.admission import BUFFER_PER_PROGRAM, FORCE_RESUME_S, ProgramAdmission
+from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.rules import SchedulingRules
 
 
 def test_a_new_program_waits_when_it_does_not_fit_or_others_are_paused():

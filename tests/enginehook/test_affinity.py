@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from enginehook.tinymodel import random_words
+from enginehook.tools.tinymodel import random_words
 from tests.enginehook.processes import (
     free_port,
     settled_events,

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from enginehook.agentrun import (
+from enginehook.core.detect import SUBMIT_MARKER
+from enginehook.tools.agentrun import (
     TASKS,
     AgentRun,
     ControlPlaneProcess,
@@ -34,7 +35,6 @@ from enginehook.agentrun import (
     vllm_ready,
     wait_for,
 )
-from enginehook.detect import SUBMIT_MARKER
 from tests.enginehook.processes import settled_events
 
 pytestmark = pytest.mark.slow
@@ -92,8 +92,8 @@ def _run_agents(base_url: str, work: Path) -> list[AgentRun]:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Finished]:
-    from controlplane.store import create_store
-    from enginehook.realmodel import smollm2
+    from controlplane.storage import create_store
+    from enginehook.tools.realmodel import smollm2
 
     model = smollm2()
     work = tmp_path_factory.mktemp("agent")
@@ -164,7 +164,7 @@ def test_pinned_turn_hits_on_the_next_turn(finished):
 
 
 def test_durations_measured_and_learned_by_the_control_plane(finished):
-    from controlplane.store import create_store
+    from controlplane.storage import create_store
 
     calls = finished.calls()
     for event in calls:
@@ -210,7 +210,7 @@ def test_tools_cli_lists_the_real_commands_with_ttls_that_fit_them(finished):
 def test_bench_arrivals_and_summary():
     import doctest
 
-    import enginehook.agentbench as bench
+    import enginehook.tools.agentbench as bench
 
     result = doctest.testmod(bench, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 1

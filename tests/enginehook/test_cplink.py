@@ -14,18 +14,18 @@ import pytest
 
 from controlplane.learning import NameLimits
 from controlplane.records import PinOutcome, ProgramEnd, ToolCall
-from controlplane.server import ServerOptions
+from controlplane.rpc.server import ServerOptions
 from controlplane.service import ControlPlane
-from controlplane.store import create_store
-from enginehook.cplink import (
+from controlplane.storage import create_store
+from enginehook.core.decide import TtlDecider
+from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.link.remote import (
     ControlPlaneLink,
     EventBuffer,
     GrpcTransport,
     to_program_end,
     to_tool_call,
 )
-from enginehook.decide import TtlDecider
-from enginehook.tracker import ProgramEndEvent, ToolCallEvent
 from tests.enginehook.driver import ControlPlaneThread
 
 

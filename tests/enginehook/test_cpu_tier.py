@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 import pytest
 
-from enginehook.config import CpuTier, HookConfig, detect_cpu_tier
-from enginehook.decide import TtlDecider
-from enginehook.metrics import HookMetrics
-from enginehook.pressure import PressureRule
+from enginehook.core.config import CpuTier, HookConfig, detect_cpu_tier
+from enginehook.core.decide import TtlDecider
+from enginehook.core.pressure import PressureRule
+from enginehook.vllm.metrics import HookMetrics
 
 
 def _vllm_config(**kwargs: Any) -> Any:

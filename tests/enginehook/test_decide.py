@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from enginehook.decide import TtlDecider
-from enginehook.tracker import ToolCallTracker
+from enginehook.core.decide import TtlDecider
+from enginehook.core.tracker import ToolCallTracker
 from estimator import Level
 
 

@@ -8,16 +8,16 @@ import importlib
 import pytest
 
 MODULES = [
-    "enginehook.pins",
-    "enginehook.pressure",
-    "enginehook.priority",
-    "enginehook.tracker",
-    "enginehook.detect",
-    "enginehook.hints",
-    "enginehook.decide",
-    "enginehook.config",
-    "enginehook.snapshot",
-    "enginehook.metrics",
+    "enginehook.core.pins",
+    "enginehook.core.pressure",
+    "enginehook.core.priority",
+    "enginehook.core.tracker",
+    "enginehook.core.detect",
+    "enginehook.hints.flat",
+    "enginehook.core.decide",
+    "enginehook.core.config",
+    "enginehook.link.snapshot",
+    "enginehook.vllm.metrics",
 ]
 
 

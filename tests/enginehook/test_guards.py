@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from enginehook.config import HookConfig
+from enginehook.core.config import HookConfig
 
 vllm = pytest.importorskip("vllm")
 
 
 def test_tested_version_passes_and_others_are_refused_by_name():
-    from enginehook.compat import TESTED_VERSIONS, check_vllm, compat_problems
+    from enginehook.vllm.compat import TESTED_VERSIONS, check_vllm, compat_problems
 
     assert compat_problems() == []
     check_vllm()
@@ -25,7 +25,7 @@ def test_a_release_without_an_attribute_the_hook_reads_is_refused(tmp_path):
     import shutil
     from pathlib import Path
 
-    from enginehook.compat import ATTRIBUTES, INTERNALS, source_problems
+    from enginehook.vllm.compat import ATTRIBUTES, INTERNALS, source_problems
 
     installed = Path(vllm.__file__).parent
     files = {path for path, _, _ in INTERNALS} | {path for path, _ in ATTRIBUTES}
@@ -61,7 +61,7 @@ def test_kv_layout_guard():
         SlidingWindowSpec,
     )
 
-    from enginehook.compat import check_kv_layout
+    from enginehook.vllm.compat import check_kv_layout
 
     full = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=64, dtype=torch.bfloat16)
     window = SlidingWindowSpec(
@@ -98,8 +98,8 @@ def test_token_from_the_environment_and_never_in_repr(monkeypatch):
 def test_the_hook_refuses_admission_it_cannot_carry_out():
     from types import SimpleNamespace
 
-    from enginehook.compat import check_engine
-    from enginehook.rules import SchedulingRules
+    from enginehook.core.rules import SchedulingRules
+    from enginehook.vllm.compat import check_engine
 
     engine = SimpleNamespace(
         cachettl=HookConfig(rules=SchedulingRules(admission="thunderagent")),

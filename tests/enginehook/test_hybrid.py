@@ -27,7 +27,7 @@ WINDOW = 128
 
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from enginehook.tinymodel import build_tiny_gemma3
+    from enginehook.tools.tinymodel import build_tiny_gemma3
 
     return build_tiny_gemma3(tmp_path_factory.mktemp("tiny-gemma3"), sliding_window=WINDOW)
 

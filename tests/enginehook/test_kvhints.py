@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-import enginehook.hints
-import enginehook.kvhints
-from enginehook.hints import Hints, request_hints
-from enginehook.kvhints import (
+import controlplane.kvhints
+import enginehook.hints.flat
+from controlplane.kvhints import (
     RETENTION_ACTION,
     XARGS_KEY,
     Retention,
@@ -24,9 +23,10 @@ from enginehook.kvhints import (
     retention_envelope,
     to_vllm,
 )
-from enginehook.lifecycle import FinishedTurn, PinController
-from enginehook.rules import SchedulingRules
-from enginehook.tracker import PinOutcome, ToolCallEvent
+from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.rules import SchedulingRules
+from enginehook.core.tracker import PinOutcome, ToolCallEvent
+from enginehook.hints.flat import Hints, request_hints
 from estimator import Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
 
@@ -39,7 +39,7 @@ def _action(payload: Any, kind: str = RETENTION_ACTION, version: str = "1") -> d
     return {"action_id": "a", "action_type": kind, "action_version": version, "payload": payload}
 
 
-@pytest.mark.parametrize("module", [enginehook.kvhints, enginehook.hints])
+@pytest.mark.parametrize("module", [controlplane.kvhints, enginehook.hints.flat])
 def test_docstring_examples(module: Any) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
@@ -124,7 +124,7 @@ def test_read_hints_of_a_vllm_request_logs_and_ignores_a_bad_envelope(caplog) ->
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
-    from enginehook.requests import read_hints
+    from enginehook.vllm.requests import read_hints
 
     good = to_vllm(retention_envelope(Retention(ttl_ceiling_s=2.0, release=True)))
     params = SamplingParams(extra_args={"pin_ttl_s": 3})

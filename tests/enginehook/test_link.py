@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from controlplane.records import PinOutcome
-from enginehook.link import JsonlSink
-from enginehook.metrics import HookMetrics
-from enginehook.tracker import ProgramEndEvent, ToolCallEvent, event_record
+from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent, event_record
+from enginehook.link.sinks import JsonlSink
+from enginehook.vllm.metrics import HookMetrics
 
 
 def _call(i: int) -> ToolCallEvent:
@@ -106,7 +106,7 @@ def test_a_full_queue_drops_and_counts_and_warns_once(
     inner = JsonlSink(tmp_path / "inner.jsonl")
     with _stalled(tmp_path / "events.jsonl") as attach:
         sink = JsonlSink(tmp_path / "events.jsonl", inner=inner, max_queued=20)
-        with caplog.at_level(logging.WARNING, logger="enginehook.link"):
+        with caplog.at_level(logging.WARNING, logger="enginehook.link.sinks"):
             _returns_within(2.0, lambda: _submit(sink, range(100)))
         assert (sink.queued, sink.dropped) == (20, 80)
         assert len([r for r in caplog.records if "dropping events" in r.message]) == 1
@@ -176,7 +176,7 @@ def test_a_write_error_is_counted_and_later_events_are_written(
     log = tmp_path / "events.jsonl"
     log.symlink_to("/dev/full")
     sink = JsonlSink(log)
-    with caplog.at_level(logging.ERROR, logger="enginehook.link"):
+    with caplog.at_level(logging.ERROR, logger="enginehook.link.sinks"):
         for i in range(3):
             sink.submit(_call(i))
             assert sink.flush(10.0)
@@ -211,8 +211,8 @@ def test_a_line_reaches_a_reader_promptly(tmp_path: Path) -> None:
 
 _TORN = """
 import json, resource, signal, sys
-from enginehook.link import JsonlSink
-from enginehook.tracker import event_record
+from enginehook.link.sinks import JsonlSink
+from enginehook.core.tracker import event_record
 from tests.enginehook.test_link import _call
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the size limit: EFBIG, not a signal

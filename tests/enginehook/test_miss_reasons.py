@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 
 from controlplane.records import MissReason, NotPinnedCause, PinOutcome, TurnCache
-from enginehook.lifecycle import FinishedTurn, PinController
-from enginehook.metrics import HookMetrics
-from enginehook.rules import SchedulingRules
-from enginehook.tracker import (
+from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.rules import SchedulingRules
+from enginehook.core.tracker import (
     PREFIX_BLOCKS_KEPT,
     CacheSeen,
     ToolCallEvent,
@@ -20,6 +19,7 @@ from enginehook.tracker import (
     event_from_record,
     event_record,
 )
+from enginehook.vllm.metrics import HookMetrics
 from estimator import Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
 

@@ -28,7 +28,7 @@ def _scheduler(model: Any, *, prefix_caching: bool, chunked: bool = False) -> An
     )
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from enginehook.scheduler import CacheTTLScheduler
+    from enginehook.vllm.scheduler import CacheTTLScheduler
 
     model_config = ModelConfig(model=str(model), dtype="float16", seed=0, max_model_len=1024)
     config = VllmConfig(
@@ -104,7 +104,7 @@ def test_a_layout_it_cannot_pin_passes_through_instead_of_refusing(tiny_model, c
 def test_with_prefix_caching_the_hook_is_active_and_its_queue_keeps_vllms_contract(
     tiny_model, caplog
 ):
-    from enginehook.requests import ProgramRequestQueue
+    from enginehook.vllm.requests import ProgramRequestQueue
 
     with caplog.at_level(logging.WARNING, logger="enginehook"):
         scheduler = _scheduler(tiny_model, prefix_caching=True)
@@ -125,7 +125,7 @@ def test_with_prefix_caching_the_hook_is_active_and_its_queue_keeps_vllms_contra
 
 
 def test_the_version_guard_names_both_tested_versions():
-    from enginehook.compat import TESTED_VERSIONS, check_vllm
+    from enginehook.vllm.compat import TESTED_VERSIONS, check_vllm
 
     assert TESTED_VERSIONS == ("0.32.0", "0.33.0")
     with pytest.raises(RuntimeError, match=r"0\.34\.0 is not a tested version.*0\.32\.0, 0\.33\.0"):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from enginehook.pins import Pin, PinTable, ReleaseReason
+from enginehook.core.pins import Pin, PinTable, ReleaseReason
 
 
 def _table(budget: int = 100, cap: float = 60.0) -> tuple[PinTable[str], list[tuple[str, str]]]:
@@ -143,7 +143,7 @@ def test_pin_larger_than_budget_is_refused():
 
 
 def test_lowest_loss_victims_take_waiting_programs_last():
-    from enginehook.rules import VICTIMS
+    from enginehook.core.rules import VICTIMS
 
     table, _ = _table()
     table.pin("w", 8, 0.0, 10.0, return_probability=0.0)

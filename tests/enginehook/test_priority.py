@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from enginehook.priority import ProgramArrivals, SortedWaitQueue
-from enginehook.rules import ORDERINGS
+from enginehook.core.priority import ProgramArrivals, SortedWaitQueue
+from enginehook.core.rules import ORDERINGS
 
 PROGRAM = ORDERINGS["program"]
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from enginehook.config import HookConfig
-from enginehook.lifecycle import FinishedTurn, PinController
-from enginehook.pins import Pin
-from enginehook.pressure import PressureRule
-from enginehook.rules import ORDERINGS, VICTIMS, SchedulingRules
-from enginehook.tracker import ProgramEndEvent
+from enginehook.core.config import HookConfig
+from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.pins import Pin
+from enginehook.core.pressure import PressureRule
+from enginehook.core.rules import ORDERINGS, VICTIMS, SchedulingRules
+from enginehook.core.tracker import ProgramEndEvent
 from estimator import DEFAULT_TTL_CAP_S, Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
 
@@ -79,7 +79,7 @@ def test_each_rule_default_is_defined_once() -> None:
                 default = defaults[ALIASES.get(name, name)]
                 if value is not None and value == default:
                     restated.append(f"{path.relative_to(ROOT)}:{line}: {name} = {value!r}")
-    assert restated == [], "defaults restated outside enginehook/rules.py"
+    assert restated == [], "defaults restated outside enginehook/core/rules.py"
 
 
 def test_the_ttl_cap_constant_is_the_rules_and_the_estimators() -> None:
@@ -287,7 +287,7 @@ def test_orderings_are_registered_and_priority_comes_first() -> None:
 
 
 def test_a_strategy_name_is_registered_once() -> None:
-    from enginehook.rules import register_ordering, register_victims
+    from enginehook.core.rules import register_ordering, register_victims
 
     with pytest.raises(ValueError, match="a victim strategy named 'lowest-loss' is already"):
         register_victims("lowest-loss")(VICTIMS["latest-expiry"])

@@ -101,7 +101,7 @@ def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def _words(rng: Any, n: int) -> str:
-    from enginehook.tinymodel import random_words
+    from enginehook.tools.tinymodel import random_words
 
     return random_words(rng, n)
 
@@ -218,7 +218,7 @@ def test_pinned_agent_gets_cached_prefix_and_unpinned_does_not(stack):
 def test_control_plane_killed_mid_run_serving_continues_no_event_lost(stack):
     import random
 
-    from controlplane.store import create_store
+    from controlplane.storage import create_store
 
     rng = random.Random(2)
     agent = Agent(stack, "agent-C", rng)

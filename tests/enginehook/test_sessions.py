@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from enginehook.kvhints import RETENTION_ACTION, XARGS_KEY
-from enginehook.sessions import PATHS, SessionIdMiddleware
+from controlplane.kvhints import RETENTION_ACTION, XARGS_KEY
+from enginehook.hints.sessions import PATHS, SessionIdMiddleware
 from tests.enginehook.processes import free_port, start_vllm_server, vllm_healthy, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -39,9 +39,9 @@ def _envelope(payload: Any, kind: str = RETENTION_ACTION, version: str = "1") ->
 def test_docstring_examples() -> None:
     import doctest
 
-    import enginehook.sessions
+    import enginehook.hints.sessions
 
-    result = doctest.testmod(enginehook.sessions, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(enginehook.hints.sessions, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
     assert result.failed == 0
 
@@ -332,7 +332,7 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def _words(seed: int, n: int) -> str:
     import random
 
-    from enginehook.tinymodel import random_words
+    from enginehook.tools.tinymodel import random_words
 
     return random_words(random.Random(seed), n)
 

@@ -7,11 +7,10 @@ import json
 import pytest
 
 from controlplane.records import PinOutcome
-from enginehook.detect import DetectedCall, detect_tool_call
-from enginehook.hints import Hints
-from enginehook.pins import ReleaseReason
-from enginehook.pressure import PressureRule, may_release
-from enginehook.tracker import (
+from enginehook.core.detect import DetectedCall, detect_tool_call
+from enginehook.core.pins import ReleaseReason
+from enginehook.core.pressure import PressureRule, may_release
+from enginehook.core.tracker import (
     ProgramEndEvent,
     ToolCallEvent,
     ToolCallTracker,
@@ -19,6 +18,7 @@ from enginehook.tracker import (
     event_record,
     outcome_of_release,
 )
+from enginehook.hints.flat import Hints
 
 
 def test_duration_is_next_arrival_minus_finish_and_hit_is_not_a_queue_sample():

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from enginehook.compat import TESTED_VERSIONS, source_problems
+from enginehook.vllm.compat import TESTED_VERSIONS, source_problems
 from tests.enginehook.vllm_contract.runner import EXPECTED_TESTS, default_source, run
 from tests.enginehook.vllm_contract.wheelcheck import wheel_differences
 

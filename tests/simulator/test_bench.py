@@ -51,8 +51,8 @@ def test_bench_rejects_bad_arguments(capsys):
 def test_rate_for_slowdown_brackets_the_target():
     import pytest
 
-    from simulator.bench import _slowdown, rate_for_slowdown
     from simulator.metrics import isolated_jct
+    from simulator.studies.bench import _slowdown, rate_for_slowdown
     from simulator.workloads import generate
 
     hw = "llama3.1-8b-h100"

@@ -102,7 +102,7 @@ def test_bad_trace_names_line_and_field(tmp_path: Path, capsys):
 def test_progress_bar_draws_after_a_second_and_clears():
     import io
 
-    from simulator.report import Progress
+    from simulator.studies.report import Progress
 
     now = [0.0]
     stream = io.StringIO()

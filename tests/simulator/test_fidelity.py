@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from enginehook.bench import BenchConfig, make_trace
-from enginehook.config import HookConfig
+from enginehook.core.config import HookConfig
+from enginehook.tools.bench import BenchConfig, make_trace
 from estimator import get_policy
-from simulator.fidelity import (
+from simulator.policies import Cachettl
+from simulator.studies.fidelity import (
     FittedStepTimer,
     StepSample,
     calibration_from_log,
@@ -21,7 +22,6 @@ from simulator.fidelity import (
     predict,
     read_calibration,
 )
-from simulator.policies import Cachettl
 
 TRUE = (2e-3, 3e-4, 1e-5, 5e-9, 2e-8)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from controlplane.cli import main
-from simulator.frontier import FAIR_END, covered
+from simulator.studies.frontier import FAIR_END, covered
 
 
 def test_a_point_is_covered_only_by_a_curve_point_at_or_below_it_on_both_axes() -> None:

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from controlplane.records import MissReason, PinOutcome
-from enginehook.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
 from simulator.policies import get_scheduling_policy
 from simulator.sim import Simulation, simulate
 from simulator.workloads import generate

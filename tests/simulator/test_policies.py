@@ -2,8 +2,8 @@
 
 import pytest
 
-from enginehook.lifecycle import FinishedTurn
-from enginehook.rules import SchedulingRules
+from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.rules import SchedulingRules
 from estimator import RequestFacts
 from simulator.engine import EngineConfig, Request
 from simulator.policies import POLICIES, get_scheduling_policy, paper_tool_key

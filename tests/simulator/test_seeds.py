@@ -9,8 +9,8 @@ import pytest
 
 from controlplane.cli import main
 from simulator.metrics import summarise
-from simulator.seeds import paired, parse_seeds
 from simulator.sim import simulate
+from simulator.studies.seeds import paired, parse_seeds
 from simulator.workloads import generate
 
 

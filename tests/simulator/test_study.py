@@ -8,12 +8,12 @@ import math
 import pytest
 
 from controlplane.cli import main
-from enginehook.pressure import PressureRule
-from enginehook.rules import SchedulingRules
+from enginehook.core.pressure import PressureRule
+from enginehook.core.rules import SchedulingRules
 from simulator.engine import EngineConfig
 from simulator.policies import BASE, IMPROVEMENTS, Cachettl, get_scheduling_policy
 from simulator.sim import Simulation, simulate
-from simulator.study import (
+from simulator.studies.study import (
     UNLIMITED_KV,
     Study,
     cachettl_spec,
@@ -208,7 +208,7 @@ def test_tier_settings_replace_pressure_and_order_window_only_with_a_tier() -> N
 
 
 def test_the_engine_hook_and_the_estimator_ship_the_defaults_the_ablation_chose() -> None:
-    from enginehook.config import HookConfig
+    from enginehook.core.config import HookConfig
     from estimator import CachettlPolicy
     from simulator.policies import DEFAULTS
 

@@ -47,7 +47,7 @@ _pins_taken = [0]
 def _hook_classes() -> tuple[type, type]:
     from vllm.v1.core.sched.request_queue import RequestQueue  # noqa: F401 (import order)
 
-    from enginehook.scheduler import CacheTTLAsyncScheduler, CacheTTLScheduler
+    from enginehook.vllm.scheduler import CacheTTLAsyncScheduler, CacheTTLScheduler
 
     if MODE == "defaults":
         return CacheTTLScheduler, CacheTTLAsyncScheduler

@@ -173,7 +173,7 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 
 def _redirect(work: Path, model: str | None) -> Path:
-    from enginehook.tinymodel import build_tiny_llama
+    from enginehook.tools.tinymodel import build_tiny_llama
 
     model = model or os.environ.get("CACHETTL_TINY_MODEL_DIR") or str(work / "tiny-llama")
     build_tiny_llama(model)

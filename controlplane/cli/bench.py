@@ -1,0 +1,322 @@
+"""`cachettl bench controlplane`: DecideTtl latency and rate, ingest rate, on loopback.
+
+Starts its own server process (`cachettl serve`, one process, so one core for the
+server's Python) on a fresh database, then measures from this process:
+
+- DecideTtl latency p50/p99 at a paced 500 requests/s (target p99 <= 2 ms), alone,
+  with 1,000 events/s of ingest (batches of 100 every 0.1 s, another tenant, from another
+  process) into the same server alongside, and, as a control, with that ingest going to
+  a second server process (the same load on the machine, none on the server timed);
+- the maximum DecideTtl rate with 64 requests in flight (target >= 2,000/s);
+- ingest rate, batches of 100 events, 4 batches in flight, into SQLite and PostgreSQL
+  (target >= 20,000 events/s);
+
+and, as baselines measured in the same run, the same work without gRPC (the policy's
+``decide`` in-process; ``Store.append_tool_calls`` in-process), printing the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["register_bench"]
+
+PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def register_bench(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser("controlplane", help="DecideTtl latency/rate and ingest rate")
+    p.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
+    p.add_argument("--postgres", default=PG_DEFAULT, metavar="URL", help="'' to skip")
+    p.set_defaults(handler=_run)
+
+
+@contextmanager
+def _server(db_url: str) -> Iterator[str]:
+    cmd = [sys.executable, "-m", "controlplane", "serve", "--db", db_url]
+    cmd += ["--listen", "127.0.0.1:0", "--min-samples", "10", "--max-concurrent-rpcs", "1024"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "on port" not in line:
+            raise RuntimeError(f"server did not start: {line!r}")
+        yield f"127.0.0.1:{int(line.split('on port')[1].split()[0])}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _prepare(db_url: str, seed: int) -> tuple[str, str]:
+    """A tenant with ``seed`` bash calls, and another for background ingest; their tokens."""
+    from controlplane.records import ToolCall
+    from controlplane.service import ControlPlane
+    from controlplane.storage import create_store
+
+    store = create_store(db_url)
+    plane = ControlPlane(store)
+    tenant, token = plane.create_tenant("bench")
+    _, loader = plane.create_tenant("loader")
+    rng = np.random.default_rng(0)
+    durations = rng.lognormal(0.0, 1.0, seed)
+    calls = [ToolCall(f"seed-{i}", "p", "bash", "ls", float(d)) for i, d in enumerate(durations)]
+    for start in range(0, len(calls), 1000):
+        store.append_tool_calls(tenant, calls[start : start + 1000])
+    store.close()
+    return token, loader
+
+
+def _ingest_load(
+    target: str, token: str, events_per_s: float, stop: Any, ready: Any = None
+) -> float:
+    """Batches of 100 events at ``events_per_s`` until ``stop``; returns events/s stored
+    (after the first batch, which is when ``ready`` is set)."""
+    from controlplane.records import ToolCall
+    from controlplane.rpc.client import ControlPlaneClient
+
+    stored, b = 0, 0
+    interval = 100 / events_per_s
+    with ControlPlaneClient(target, token, timeout_s=30) as client:
+        start = time.perf_counter()
+        while not stop.is_set():
+            calls = [
+                ToolCall(f"l{b}-{i}", f"p{b}", "bash", "pytest -x", 0.5 + i / 100)
+                for i in range(100)
+            ]
+            accepted = client.record_tool_calls(calls).accepted
+            if b == 0:
+                start = time.perf_counter()
+                if ready is not None:
+                    ready.set()
+            else:
+                stored += accepted
+            b += 1
+            stop.wait(max(0.0, start + b * interval - time.perf_counter()))
+    return stored / max(time.perf_counter() - start, 1e-9)
+
+
+def _ingest_process(
+    target: str, token: str, events_per_s: float, stop: Any, ready: Any, out: Any
+) -> None:
+    out.put(_ingest_load(target, token, events_per_s, stop, ready))
+
+
+def _latency_with_ingest(
+    target: str, token: str, loader: str, seconds: float, loader_target: str | None = None
+) -> tuple[np.ndarray, float]:
+    """DecideTtl latencies at 500/s while another tenant ingests 1,000 events/s, from a
+    process of its own (in this one its threads would delay the timed client), into the
+    same server or into ``loader_target`` (the control: the same load on the machine,
+    none on the server timed)."""
+    ctx = multiprocessing.get_context("spawn")
+    stop, ready, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    loader_process = ctx.Process(
+        target=_ingest_process,
+        args=(loader_target or target, loader, 1000.0, stop, ready, out),
+        daemon=True,
+    )
+    loader_process.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.wait(timeout=0.1):
+            if not loader_process.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the ingest process did not start")
+        lat = _paced_latency(target, token, 500.0, seconds)
+    finally:
+        stop.set()
+        rate = float(out.get(timeout=60)) if ready.is_set() else 0.0
+        loader_process.join(timeout=60)
+    return lat, rate
+
+
+def _paced_latency(target: str, token: str, rate: float, seconds: float) -> np.ndarray:
+    from controlplane.rpc.client import ControlPlaneClient
+
+    with ControlPlaneClient(target, token) as client:
+        for _ in range(200):  # warm-up
+            client.decide_ttl("bash", "ls", 4000)
+        n = int(rate * seconds)
+        latencies = np.empty(n)
+        start = time.perf_counter()
+        for i in range(n):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            t = time.perf_counter()
+            client.decide_ttl("bash", "ls", 4000)
+            latencies[i] = time.perf_counter() - t
+    return latencies
+
+
+async def _max_rate(target: str, token: str, seconds: float, inflight: int) -> float:
+    import grpc
+
+    from controlplane._gen.cachettl.v1 import ttl_pb2, ttl_pb2_grpc
+
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub: Any = ttl_pb2_grpc.TtlServiceStub(channel)  # type: ignore[no-untyped-call]
+        meta = (("authorization", f"Bearer {token}"),)
+        request = ttl_pb2.DecideTtlRequest(tool_name="bash", tool_args="ls", context_tokens=4000)
+        done = 0
+        deadline = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                await stub.DecideTtl(request, metadata=meta, timeout=10)
+                done += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(inflight)))
+        return done / (time.perf_counter() - start)
+
+
+async def _ingest_rate(target: str, token: str, seconds: float, inflight: int) -> float:
+    import grpc
+
+    from controlplane._gen.cachettl.v1 import events_pb2, events_pb2_grpc
+    from controlplane.records import ToolCall
+    from controlplane.rpc.client import to_event
+
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub: Any = events_pb2_grpc.ToolEventServiceStub(channel)  # type: ignore[no-untyped-call]
+        meta = (("authorization", f"Bearer {token}"),)
+        stored = 0
+        deadline = time.perf_counter() + seconds
+        counter = iter(range(10**9))
+
+        async def worker() -> None:
+            nonlocal stored
+            while time.perf_counter() < deadline:
+                b = next(counter)
+                events = [
+                    to_event(ToolCall(f"b{b}-{i}", f"p{b}", "bash", "pytest -x", 0.5 + i / 100))
+                    for i in range(100)
+                ]
+                request = events_pb2.RecordToolCallsRequest(events=events)
+                reply = await stub.RecordToolCalls(request, metadata=meta, timeout=30)
+                stored += reply.accepted
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(inflight)))
+        return stored / (time.perf_counter() - start)
+
+
+def _direct_ingest_rate(db_url: str, seconds: float) -> float:
+    from controlplane.records import ToolCall
+    from controlplane.storage import create_store
+
+    store = create_store(db_url)
+    (tenant,) = [t for t in store.list_tenants() if t.name == "bench"]
+    stored, b = 0, 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        calls = [ToolCall(f"d{b}-{i}", "p", "bash", "ls", 0.5) for i in range(100)]
+        stored += store.append_tool_calls(tenant, calls).accepted
+        b += 1
+    rate = stored / (time.perf_counter() - start)
+    store.close()
+    return rate
+
+
+def _direct_decide_rate(seconds: float) -> float:
+    from estimator import RequestFacts, get_policy
+
+    policy = get_policy("cachettl")
+    models = policy.new_models(min_samples=10)
+    for d in np.random.default_rng(0).lognormal(0.0, 1.0, 2000):
+        models.record_tool_call("bash", "ls", float(d))
+    facts = RequestFacts(tool="bash", tool_args="ls", context_tokens=4000)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        policy.decide(facts, models)
+        n += 1
+    return n / (time.perf_counter() - start)
+
+
+def _pg_schema_url(base: str) -> tuple[str, Any]:
+    from sqlalchemy import create_engine, text
+
+    from controlplane.storage.sql import normalize_url
+
+    schema = f"bench_{os.getpid()}_{int(time.time())}"
+    engine = create_engine(normalize_url(base), isolation_level="AUTOCOMMIT")
+    with engine.connect() as c:
+        c.execute(text(f"CREATE SCHEMA {schema}"))
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}options=-csearch_path%3D{schema}", (engine, schema)
+
+
+def _drop_schema(handle: Any) -> None:
+    from sqlalchemy import text
+
+    engine, schema = handle
+    with engine.connect() as c:
+        c.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+    engine.dispose()
+
+
+def _ingest_phase(name: str, url: str, seconds: float) -> None:
+    token, _ = _prepare(url, 100)
+    with _server(url) as target:
+        rate = asyncio.run(_ingest_rate(target, token, seconds, inflight=4))
+    direct = _direct_ingest_rate(url, seconds)
+    print(
+        f"ingest into {name:<10}: {rate:>9,.0f} events/s via gRPC (batches of 100; "
+        f"target >= 20,000)   in-process store {direct:>9,.0f} events/s   "
+        f"ratio {rate / direct:.2f}"
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    seconds = float(args.seconds)
+    if not 0.5 <= seconds <= 120:
+        raise ValueError("--seconds must be in 0.5..120")
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"
+        token, loader = _prepare(url, 2000)
+        other_url = f"sqlite:///{Path(tmp) / 'other.sqlite3'}"
+        _, other_loader = _prepare(other_url, 0)
+        with _server(url) as target, _server(other_url) as other:
+            lat = _paced_latency(target, token, 500.0, seconds) * 1e3
+            busy, ingested = _latency_with_ingest(target, token, loader, seconds)
+            control, _ = _latency_with_ingest(target, token, other_loader, seconds, other)
+            rate = asyncio.run(_max_rate(target, token, seconds, inflight=64))
+        direct = _direct_decide_rate(min(seconds, 2.0))
+        p50, p99 = np.percentile(lat, [50, 99])
+        print(f"DecideTtl at 500 req/s: p50 {p50:.3f} ms  p99 {p99:.3f} ms (target <= 2 ms)")
+        b50, b99 = np.percentile(busy * 1e3, [50, 99])
+        print(
+            f"  with ingest alongside ({ingested:,.0f} events/s): p50 {b50:.3f} ms  "
+            f"p99 {b99:.3f} ms (target <= 2 ms)"
+        )
+        c50, c99 = np.percentile(control * 1e3, [50, 99])
+        print(
+            f"  control, that ingest into another server process: p50 {c50:.3f} ms  "
+            f"p99 {c99:.3f} ms"
+        )
+        print(
+            f"DecideTtl max rate    : {rate:>9,.0f} req/s (target >= 2,000)   "
+            f"in-process decide {direct:>9,.0f}/s   ratio {rate / direct:.3f}"
+        )
+        _ingest_phase("SQLite", f"sqlite:///{Path(tmp) / 'ingest.sqlite3'}", seconds)
+    if args.postgres:
+        pg_url, handle = _pg_schema_url(args.postgres)
+        try:
+            _ingest_phase("PostgreSQL", pg_url, seconds)
+        finally:
+            _drop_schema(handle)
+    return 0

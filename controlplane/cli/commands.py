@@ -1,0 +1,326 @@
+"""`cachettl` subcommands of this package (registered by `controlplane.cli`).
+
+``serve``, ``db upgrade``, ``tenants create|list|revoke``, ``tools list|show``,
+``misses`` and ``bench controlplane``. Inspection commands read the database directly
+(the same code the server's InspectService runs), so they work with or without a running
+server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from estimator import DEFAULT_TTL_CAP_S
+
+__all__ = ["default_db_url", "register"]
+
+_SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+POLICY_CHOICES = ("continuum", "cachettl")
+
+
+def default_db_url() -> str:
+    """``$CACHETTL_DB``, else an SQLite file in the user's data directory."""
+    env = os.environ.get("CACHETTL_DB")
+    if env:
+        return env
+    from platformdirs import user_data_dir
+
+    return f"sqlite:///{Path(user_data_dir('cachettl')) / 'cachettl.sqlite3'}"
+
+
+def _add_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="sqlite:///PATH, postgresql://USER@HOST:PORT/DB or memory:// "
+        "(default: $CACHETTL_DB, else cachettl.sqlite3 in the user's data directory)",
+    )
+
+
+def _db(args: argparse.Namespace) -> str:
+    return str(args.db or default_db_url())
+
+
+def _add_name_limits(parser: argparse.ArgumentParser) -> None:
+    from controlplane.learning import NameLimits  # light: no estimator import
+
+    parser.add_argument(
+        "--max-tools-per-tenant",
+        type=int,
+        default=NameLimits.max_tools,
+        metavar="N",
+        help="distinct tool names a tenant's models hold; a batch passing it is refused "
+        "(RESOURCE_EXHAUSTED, nothing stored) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-signatures-per-tenant",
+        type=int,
+        default=NameLimits.max_signatures,
+        metavar="N",
+        help="distinct (tool, argument signature) pairs a tenant's models hold "
+        "(default %(default)s)",
+    )
+
+
+def register(commands: _SubParsers, bench: _SubParsers) -> None:
+    """Add this package's subcommands to `cachettl` and `cachettl bench`."""
+    _register_serve(commands)
+    _register_db(commands)
+    _register_tenants(commands)
+    _register_tools(commands)
+    _register_misses(commands)
+    from controlplane.cli.bench import register_bench
+
+    register_bench(bench)
+
+
+# -- serve ------------------------------------------------------------------------------
+
+
+def _register_serve(commands: _SubParsers) -> None:
+    p = commands.add_parser("serve", help="run the control-plane gRPC server")
+    _add_db(p)
+    p.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT")
+    p.add_argument("--policy", choices=POLICY_CHOICES, default="cachettl")
+    p.add_argument(
+        "--ttl-cap", type=float, default=DEFAULT_TTL_CAP_S, help="cachettl: TTL cap, seconds"
+    )
+    p.add_argument("--min-samples", type=int, default=100, help="back-off threshold K")
+    p.add_argument(
+        "--profile",
+        default="llama3.1-8b-h100",
+        help="hardware/model profile of the cost model (estimator.PROFILES)",
+    )
+    p.add_argument("--max-concurrent-rpcs", type=int, default=256)
+    from controlplane.rpc.server import add_admission_flags
+
+    add_admission_flags(p)  # per tenant, per peer, streams, auth cache (README "Limits")
+    p.add_argument("--max-duration", type=float, default=86400.0, help="seconds")
+    _add_name_limits(p)
+    p.add_argument("--tail-interval", type=float, default=0.5, help="seconds")
+    p.add_argument("--snapshot-interval", type=float, default=30.0, help="seconds")
+    p.add_argument("--metrics", default=None, metavar="HOST:PORT", help="Prometheus /metrics")
+    p.add_argument("--tls-cert", type=Path, default=None)
+    p.add_argument("--tls-key", type=Path, default=None)
+    p.add_argument("--tls-client-ca", type=Path, default=None, help="require client certs")
+    p.set_defaults(handler=_serve)
+
+
+def _policy_params(args: argparse.Namespace) -> dict[str, Any]:
+    return {"ttl_cap_s": args.ttl_cap} if args.policy == "cachettl" else {}
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from controlplane.learning import NameLimits
+    from controlplane.records import Limits
+    from controlplane.rpc.server import ServerOptions, TlsFiles, admission_from_args, serve
+    from controlplane.service import ControlPlane
+    from controlplane.storage import create_store
+
+    for name in ("max_concurrent_rpcs", "min_samples"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0 < args.max_duration <= 30 * 86400:
+        raise ValueError("--max-duration must be in (0, 2592000] seconds")
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together")
+        tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+    from estimator import get_profile
+
+    get_profile(args.profile)  # ValueError naming the valid profiles
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin set-up chatter
+    limits = NameLimits(args.max_tools_per_tenant, args.max_signatures_per_tenant)
+    budgets, auth = admission_from_args(args)
+    store = create_store(_db(args))
+    plane = ControlPlane(
+        store,
+        args.policy,
+        _policy_params(args),
+        args.min_samples,
+        profile=args.profile,
+        name_limits=limits,
+    )
+    options = ServerOptions(
+        listen=args.listen,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
+        tail_interval_s=args.tail_interval,
+        snapshot_interval_s=args.snapshot_interval,
+        limits=Limits(max_duration_s=args.max_duration),
+        tls=tls,
+        metrics_listen=args.metrics,
+        budgets=budgets,
+        auth=auth,
+    )
+    try:
+        asyncio.run(serve(plane, options))
+    finally:
+        store.close()
+    return 0
+
+
+# -- db ---------------------------------------------------------------------------------
+
+
+def _register_db(commands: _SubParsers) -> None:
+    p = commands.add_parser("db", help="database maintenance")
+    sub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    up = sub.add_parser("upgrade", help="upgrade the schema to this version's revision")
+    _add_db(up)
+    up.set_defaults(handler=_db_upgrade)
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    from controlplane.storage.migrate import upgrade
+    from controlplane.storage.sql import SqlStore
+
+    url = _db(args)
+    if url == "memory://":
+        raise ValueError("--db: memory:// has no schema to upgrade")
+    store = SqlStore(url, check_schema=False)
+    try:
+        before, after = upgrade(store.engine)
+    finally:
+        store.close()
+    print(f"schema {before or 'empty'} -> {after}")
+    return 0
+
+
+# -- tenants ----------------------------------------------------------------------------
+
+
+def _register_tenants(commands: _SubParsers) -> None:
+    p = commands.add_parser("tenants", help="create, list and revoke tenants")
+    sub = p.add_subparsers(dest="tenants_command", metavar="ACTION", required=True)
+    create = sub.add_parser("create", help="add a tenant and print its bearer token")
+    create.add_argument("name")
+    create.add_argument(
+        "--share", action="store_true", help="feed (and use) cross-tenant per-tool priors"
+    )
+    listing = sub.add_parser("list", help="list tenants")
+    revoke = sub.add_parser("revoke", help="disable a tenant's token")
+    revoke.add_argument("name")
+    for parser, handler in ((create, _tenants_create), (listing, _tenants_list)):
+        _add_db(parser)
+        parser.set_defaults(handler=handler)
+    _add_db(revoke)
+    revoke.set_defaults(handler=_tenants_revoke)
+
+
+def _tenants_create(args: argparse.Namespace) -> int:
+    from controlplane.errors import TenantExistsError
+    from controlplane.service import ControlPlane
+    from controlplane.storage import create_store
+
+    store = create_store(_db(args))
+    try:
+        _, token = ControlPlane(store).create_tenant(args.name, args.share)
+    except TenantExistsError as error:
+        raise ValueError(str(error)) from None
+    finally:
+        store.close()
+    print(token)
+    return 0
+
+
+def _tenants_list(args: argparse.Namespace) -> int:
+    import time
+
+    from controlplane.cli.toolview import printable
+    from controlplane.storage import create_store
+
+    store = create_store(_db(args))
+    try:
+        tenants = store.list_tenants()
+    finally:
+        store.close()
+    print(f"{'NAME':<24} {'SHARE':<6} {'STATUS':<8} CREATED")
+    for t in tenants:
+        status = "revoked" if t.revoked_at is not None else "active"
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t.created_at))
+        print(f"{printable(t.name):<24} {'yes' if t.share else 'no':<6} {status:<8} {created}")
+    return 0
+
+
+def _tenants_revoke(args: argparse.Namespace) -> int:
+    import time
+
+    from controlplane.errors import TenantNotFoundError
+    from controlplane.storage import create_store
+
+    store = create_store(_db(args))
+    try:
+        store.revoke_tenant(args.name, time.time())
+    except TenantNotFoundError as error:
+        raise ValueError(str(error)) from None
+    finally:
+        store.close()
+    print(f"revoked {args.name}")
+    return 0
+
+
+# -- tools ------------------------------------------------------------------------------
+
+
+def _register_tools(commands: _SubParsers) -> None:
+    p = commands.add_parser("tools", help="inspect learned tool-duration models")
+    sub = p.add_subparsers(dest="tools_command", metavar="ACTION", required=True)
+    listing = sub.add_parser("list", help="tools with counts, quantiles and pin hit rates")
+    show = sub.add_parser("show", help="one tool's distribution and the TTLs it gives")
+    show.add_argument("tool")
+    show.add_argument("--args", default="", metavar="SIG", help="tool arguments (invocation)")
+    show.add_argument("--png", type=Path, default=None, metavar="FILE", help="draw the CDF")
+    for parser in (listing, show):
+        _add_db(parser)
+        parser.add_argument("--tenant", default="default", help="tenant name")
+        parser.add_argument("--policy", choices=POLICY_CHOICES, default="cachettl")
+        parser.add_argument("--min-samples", type=int, default=100)
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+        _add_name_limits(parser)
+    listing.set_defaults(handler=_tools_handler("list"))
+    show.set_defaults(handler=_tools_handler("show"))
+
+
+def _tools_handler(action: str) -> Any:
+    def handler(args: argparse.Namespace) -> int:
+        from controlplane.cli import toolview
+
+        return toolview.run(action, args, _db(args))
+
+    return handler
+
+
+# -- misses -----------------------------------------------------------------------------
+
+
+def _register_misses(commands: _SubParsers) -> None:
+    p = commands.add_parser(
+        "misses", help="recent turns that missed their previous turn's cache, and why"
+    )
+    _add_db(p)
+    p.add_argument("--tenant", default="default", help="tenant name")
+    p.add_argument("--tool", default=None, help="only this tool's turns")
+    p.add_argument("--session", default=None, metavar="PROGRAM", help="only this program's")
+    p.add_argument(
+        "--reason",
+        default=None,
+        help="only this reason: not_pinned, expired, released_under_pressure, evicted, diverged",
+    )
+    p.add_argument("--limit", type=int, default=50, help="turns to list, newest first (1..1000)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_misses)
+
+
+def _misses(args: argparse.Namespace) -> int:
+    from controlplane.cli import missview
+
+    return missview.run(args, _db(args))

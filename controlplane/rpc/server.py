@@ -1,0 +1,227 @@
+"""Building (``make_server``) and running (``serve``) the grpc.aio control-plane server.
+
+Besides the RPCs the server runs two background loops: it tails the event log every
+``tail_interval_s`` (so several servers on one PostgreSQL converge: a row committed
+through one server is in every other server's models within ``tail_interval_s`` plus one
+read), and writes a model snapshot every ``snapshot_interval_s`` when the models changed
+(write-behind; a restart loads it and replays only the log's tail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
+from controlplane.records import LIMITS, Limits
+from controlplane.rpc.auth import AuthOptions
+from controlplane.rpc.gate import Budgets
+from controlplane.rpc.metrics import Metrics
+from controlplane.rpc.servicer import Servicer, generic_handlers
+from controlplane.service import ControlPlane
+
+__all__ = ["SERVICE_NAMES", "ControlPlaneServer", "ServerOptions", "TlsFiles", "serve"]
+
+log = logging.getLogger(__name__)
+
+_PACKAGE = events_pb2.DESCRIPTOR.package
+SERVICE_NAMES = tuple(
+    f"{_PACKAGE}.{name}"
+    for name in ("ToolEventService", "TtlService", "InspectService", "ModelService")
+)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for TLS; with ``client_ca`` clients must present a certificate (mTLS)."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        pair = [(self.key.read_bytes(), self.cert.read_bytes())]
+        if self.client_ca is None:
+            return grpc.ssl_server_credentials(pair)
+        return grpc.ssl_server_credentials(
+            pair, root_certificates=self.client_ca.read_bytes(), require_client_auth=True
+        )
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the server listens, what it runs in the background, and its limits.
+
+    ``max_concurrent_rpcs`` is the server-wide limit of authenticated unary calls in
+    flight (``budgets.calls_total`` is replaced by it); ``budgets`` holds the others
+    (per peer, per tenant, streams), ``auth`` the token cache (fresh and stale ages).
+    """
+
+    listen: str = "127.0.0.1:50051"
+    max_concurrent_rpcs: int = 256
+    budgets: Budgets = field(default_factory=Budgets)
+    auth: AuthOptions = field(default_factory=AuthOptions)
+    tail_interval_s: float = 0.5
+    snapshot_interval_s: float = 30.0
+    watch_interval_s: float = 0.5
+    grace_s: float = 5.0
+    limits: Limits = field(default_factory=lambda: LIMITS)
+    tls: TlsFiles | None = None
+    metrics_listen: str | None = None
+
+
+#: ``cachettl serve`` flags of the admission limits: (flag, Budgets/AuthOptions field,
+#: type, help).
+_ADMISSION_FLAGS: tuple[tuple[str, str, type, str], ...] = (
+    ("--max-rpcs-per-tenant", "calls_per_tenant", int, "unary calls in flight per tenant"),
+    ("--max-rpcs-per-peer", "calls_per_peer", int, "unary calls in flight per client address"),
+    ("--max-streams", "streams_total", int, "WatchSnapshots streams open, server-wide"),
+    ("--max-streams-per-tenant", "streams_per_tenant", int, "streams open per tenant"),
+    ("--max-streams-per-peer", "streams_per_peer", int, "streams open per client address"),
+    ("--message-timeout", "message_timeout_s", float, "seconds from headers to message"),
+    ("--auth-fresh", "fresh_s", float, "seconds a token lookup is trusted as is"),
+    (
+        "--auth-stale",
+        "stale_s",
+        float,
+        "seconds a known token is still served from memory when the database is down",
+    ),
+)
+
+
+def add_admission_flags(parser: argparse.ArgumentParser) -> None:
+    """The admission limits of controlplane/README.md ("Limits") as ``serve`` flags."""
+    budgets, auth = Budgets(), AuthOptions()
+    for flag, name, kind, what in _ADMISSION_FLAGS:
+        default = getattr(budgets if hasattr(budgets, name) else auth, name)
+        parser.add_argument(flag, type=kind, default=default, help=f"{what} (%(default)s)")
+
+
+def admission_from_args(args: argparse.Namespace) -> tuple[Budgets, AuthOptions]:
+    """``Budgets`` and ``AuthOptions`` of the flags; ValueError naming a bad flag."""
+    values: dict[str, dict[str, Any]] = {"budgets": {}, "auth": {}}
+    for flag, name, _, _ in _ADMISSION_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if not value > 0:
+            raise ValueError(f"{flag} must be > 0, got {value!r}")
+        values["budgets" if hasattr(Budgets, name) else "auth"][name] = value
+    if values["auth"]["fresh_s"] > values["auth"]["stale_s"]:
+        raise ValueError("--auth-fresh must be at most --auth-stale")
+    return Budgets(**values["budgets"]), AuthOptions(**values["auth"])
+
+
+_FILES = (events_pb2.DESCRIPTOR, ttl_pb2.DESCRIPTOR, inspect_pb2.DESCRIPTOR, model_pb2.DESCRIPTOR)
+
+
+class ControlPlaneServer:
+    """A started-on-demand aio server over one ``ControlPlane`` (``start``/``stop``)."""
+
+    def __init__(self, plane: ControlPlane, options: ServerOptions | None = None) -> None:
+        self.plane = plane
+        self.options = options or ServerOptions()
+        self.metrics = Metrics()
+        self.metrics.track_learning(plane.learning)  # rows skipped, batches refused
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _build(self) -> grpc.aio.Server:
+        o = self.options
+        # No gRPC-level maximum_concurrent_rpcs: it counts calls from their headers on, so
+        # calls that never send a message (or long-lived streams) would lock out everyone,
+        # health checks included. Admission is the servicer's gate (controlplane.rpc.gate).
+        budgets = replace(o.budgets, calls_total=o.max_concurrent_rpcs)
+        per_connection = budgets.calls_per_peer + budgets.streams_per_peer
+        server = grpc.aio.server(options=[("grpc.max_concurrent_streams", per_connection)])
+        servicer = Servicer(self.plane, self.metrics, o.limits, o.watch_interval_s, budgets, o.auth)
+        self._servicer = servicer
+        server.add_generic_rpc_handlers(generic_handlers(servicer, _FILES))
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        self._health = health_servicer
+        names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
+        if o.tls is None:
+            self.port = server.add_insecure_port(o.listen)
+        else:
+            self.port = server.add_secure_port(o.listen, o.tls.credentials())
+        if self.port == 0:
+            raise ValueError(f"--listen: cannot bind {o.listen!r}")
+        return server
+
+    async def start(self) -> int:
+        """Bind, start serving and the background loops; returns the bound port."""
+        self._server = self._build()
+        await self._server.start()
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for name in ("", *SERVICE_NAMES):
+            await self._health.set(name, serving)
+        if self.options.metrics_listen:
+            host, _, port = self.options.metrics_listen.rpartition(":")
+            self.metrics_port = self.metrics.serve(host or "127.0.0.1", int(port))
+        self._tasks = [
+            asyncio.create_task(self._every(self.options.tail_interval_s, self._tail)),
+            asyncio.create_task(
+                self._every(self.options.snapshot_interval_s, self.plane.write_snapshot)
+            ),
+        ]
+        return self.port
+
+    def _tail(self) -> None:
+        self.plane.catch_up()
+        self.metrics.model_version.set(self.plane.version)
+
+    async def _every(self, interval_s: float, job: object) -> None:
+        assert callable(job)
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await asyncio.to_thread(job)
+            except Exception:  # keep serving; the next round retries
+                log.exception("background job failed")
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop accepting RPCs, let running ones finish, then write a final snapshot."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._server is not None:
+            await self._health.enter_graceful_shutdown()
+            await self._server.stop(self.options.grace_s if grace_s is None else grace_s)
+            self._servicer.close()
+        self.metrics.stop()
+        try:
+            await asyncio.to_thread(self.plane.write_snapshot)
+        except Exception:
+            log.exception("final snapshot failed")
+
+    async def wait(self) -> None:
+        assert self._server is not None
+        await self._server.wait_for_termination()
+
+
+async def serve(plane: ControlPlane, options: ServerOptions) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = ControlPlaneServer(plane, options)
+    port = await server.start()
+    print(f"cachettl control plane on port {port} (policy {plane.policy_name})", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    print("cachettl control plane: shutting down", flush=True)
+    await server.stop()

@@ -1,0 +1,451 @@
+"""gRPC servicers: thin adapters that admit, decode, call ``ControlPlane`` and map errors.
+
+Every method is served by a request-streaming handler so that admission
+(``controlplane.rpc.gate``: the token first, then per-peer, per-tenant and server-wide
+limits) runs when a call's headers arrive, before its message: a call without a valid
+token holds nothing. Errors become status codes with ``await context.abort``: bad input
+→ INVALID_ARGUMENT, missing/unknown token → UNAUTHENTICATED, revoked token →
+PERMISSION_DENIED, a limit reached → RESOURCE_EXHAUSTED, no message in time →
+DEADLINE_EXCEEDED, database down → UNAVAILABLE. Ingest, inspection and snapshots run in
+worker threads (the model lock is held a slice at a time); decisions are answered in
+the event loop from memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.descriptor import FileDescriptor
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
+
+from controlplane import inspection, validation
+from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
+from controlplane.errors import (
+    RETRYABLE_KEY,
+    AuthenticationError,
+    InvalidInputError,
+    NotFoundError,
+    OverloadedError,
+    RevokedError,
+    SlowClientError,
+    StorageError,
+)
+from controlplane.kvhints import Retention, envelope_to_proto, retention_envelope
+from controlplane.records import LIMITS, MISSES, Limits, MissQuery, Tenant
+from controlplane.rpc import misses
+from controlplane.rpc.auth import AuthOptions, TenantCache
+from controlplane.rpc.gate import Budgets, Gate
+from controlplane.rpc.metrics import Metrics
+from controlplane.service import ControlPlane
+from controlplane.state import PinCounts
+
+__all__ = ["Malformed", "Servicer", "generic_handlers"]
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+#: Status of each error the service raises on purpose.
+_CODES: tuple[tuple[type[Exception], grpc.StatusCode, str], ...] = (
+    (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT, ""),
+    (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED, ""),
+    (RevokedError, grpc.StatusCode.PERMISSION_DENIED, ""),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND, ""),
+    (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+    (SlowClientError, grpc.StatusCode.DEADLINE_EXCEEDED, ""),
+    (StorageError, grpc.StatusCode.UNAVAILABLE, "database unavailable: "),
+)
+
+
+class Malformed:
+    """Stands for a request whose bytes did not parse (answered INVALID_ARGUMENT)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __str__(self) -> str:
+        return str(self.error)
+
+
+def _parser(cls: type[Message]) -> Callable[[bytes], object]:
+    def parse(data: bytes) -> object:
+        try:
+            return cls.FromString(data)
+        except DecodeError as error:
+            return Malformed(error)
+
+    return parse
+
+
+def _serializer(cls: type[Message]) -> Callable[[object], bytes]:
+    def serialize(message: object) -> bytes:
+        if isinstance(message, bytes):  # already serialized (snapshots)
+            return message
+        assert isinstance(message, cls)
+        return message.SerializeToString()
+
+    return serialize
+
+
+def generic_handlers(servicer: Servicer, files: Sequence[FileDescriptor]) -> list[Any]:
+    """One generic handler per service of ``files``, bound to ``servicer``'s methods.
+
+    Requests are parsed here rather than by gRPC so that corrupt bytes are answered
+    INVALID_ARGUMENT (gRPC's own parser would answer INTERNAL). Every method is served
+    as request-streaming (same wire format) so that admission precedes the message.
+    """
+    handlers = []
+    for file in files:
+        for service in file.services_by_name.values():
+            methods = {}
+            for m in service.methods:
+                body = getattr(servicer, m.name)
+                if m.server_streaming:
+                    behavior: Any = servicer.streaming(m.name, body)
+                    make = grpc.stream_stream_rpc_method_handler
+                else:
+                    behavior = servicer.unary(m.name, body)
+                    make = grpc.stream_unary_rpc_method_handler
+                methods[m.name] = make(
+                    behavior,
+                    request_deserializer=_parser(GetMessageClass(m.input_type)),
+                    response_serializer=_serializer(GetMessageClass(m.output_type)),
+                )
+            handlers.append(grpc.method_handlers_generic_handler(service.full_name, methods))
+    return handlers
+
+
+def _duration(seconds: float) -> Duration:
+    d = Duration()
+    d.FromNanoseconds(round(seconds * 1e9))
+    return d
+
+
+def _pins(p: PinCounts) -> inspect_pb2.PinStats:
+    return inspect_pb2.PinStats(
+        hits=p.hits,
+        expired=p.expired,
+        released_under_pressure=p.released_under_pressure,
+        not_pinned=p.not_pinned,
+        hit_rate=p.hit_rate,
+    )
+
+
+def _code(error: Exception) -> tuple[grpc.StatusCode, str]:
+    for cls, code, prefix in _CODES:
+        if isinstance(error, cls):
+            return code, f"{prefix}{error}"
+    return grpc.StatusCode.INTERNAL, ""
+
+
+def _trailer(error: Exception) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata of an error answer: marks one that retrying cannot cure."""
+    return () if getattr(error, "retryable", True) else ((RETRYABLE_KEY, "false"),)
+
+
+class Servicer:
+    """Implements all four services of ``cachettl.v1`` over one ``ControlPlane``."""
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        metrics: Metrics,
+        limits: Limits = LIMITS,
+        watch_interval_s: float = 0.5,
+        budgets: Budgets | None = None,
+        auth: AuthOptions | None = None,
+    ) -> None:
+        self.plane = plane
+        self.metrics = metrics
+        self.limits = limits
+        self.watch_interval_s = watch_interval_s
+        self.tenants = TenantCache(plane.store.tenant_by_token_hash, auth)
+        self.gate = Gate(budgets or Budgets(), self.tenants)
+        self._builds: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
+        # Views (listings, distributions, snapshots) are built on one thread of their
+        # own: they hold the model lock a slice at a time, and fewer threads competing
+        # for the GIL keep those slices short.
+        self._views = ThreadPoolExecutor(1, "cachettl-views")
+        self._latest: dict[str, tuple[int, bytes]] = {}
+
+    def close(self) -> None:
+        self.tenants.close()
+        self._views.shutdown(wait=False, cancel_futures=True)
+
+    async def _view(self, fn: Callable[..., R], *args: Any) -> R:
+        return await asyncio.get_running_loop().run_in_executor(self._views, fn, *args)
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    async def _call(
+        self, method: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[R]]
+    ) -> R:
+        start = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            return await body()
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            code = context.code() or grpc.StatusCode.UNKNOWN
+            raise
+        except Exception as error:
+            code, message = _code(error)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("%s failed", method)
+                message = f"internal error in {method}"
+            await context.abort(code, message, trailing_metadata=_trailer(error))
+        finally:
+            self.metrics.observe_rpc(method, code, time.perf_counter() - start)
+        raise AssertionError("unreachable")  # abort() always raises
+
+    async def _request(self, requests: AsyncIterator[Any]) -> Any:
+        request = await self.gate.message(requests)
+        if isinstance(request, Malformed):
+            raise InvalidInputError("request", f"malformed protobuf message: {request}")
+        return request
+
+    def unary(
+        self, method: str, body: Callable[[Tenant, Any, grpc.aio.ServicerContext], Awaitable[R]]
+    ) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], Awaitable[R]]:
+        """The behavior serving a unary method: admit, read the one message, answer."""
+
+        async def behavior(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> R:
+            async def run() -> R:
+                async with self.gate.call(context) as tenant:
+                    return await body(tenant, await self._request(requests), context)
+
+            return await self._call(method, context, run)
+
+        return behavior
+
+    def streaming(
+        self,
+        method: str,
+        body: Callable[[Tenant, Any, grpc.aio.ServicerContext], AsyncIterator[object]],
+    ) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[object]]:
+        """The behavior serving a server-streaming method (stream budgets, not calls')."""
+
+        async def behavior(
+            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[object]:
+            async with AsyncExitStack() as stack:
+
+                async def admit() -> tuple[Tenant, Any]:
+                    tenant = await stack.enter_async_context(self.gate.stream(context))
+                    request = await self._request(requests)
+                    validation.check_known("request", request)
+                    return tenant, request
+
+                tenant, request = await self._call(method, context, admit)
+                try:
+                    async for item in body(tenant, request, context):
+                        yield item
+                except (grpc.aio.AbortError, asyncio.CancelledError):
+                    raise
+                except Exception as error:  # e.g. the tenant was revoked meanwhile
+                    code, message = _code(error)
+                    if code is grpc.StatusCode.INTERNAL:
+                        log.exception("%s failed", method)
+                        message = f"internal error in {method}"
+                    await context.abort(code, message, trailing_metadata=_trailer(error))
+
+        return behavior
+
+    # -- ToolEventService -------------------------------------------------------------
+
+    async def RecordToolCalls(  # noqa: N802 - gRPC method name
+        self,
+        tenant: Tenant,
+        request: events_pb2.RecordToolCallsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> events_pb2.RecordToolCallsResponse:
+        def work() -> events_pb2.RecordToolCallsResponse:
+            calls = validation.tool_calls(request, self.limits)
+            result = self.plane.record_tool_calls(tenant, calls)
+            self.metrics.events(result.accepted, result.duplicates)
+            return events_pb2.RecordToolCallsResponse(
+                accepted=result.accepted,
+                duplicates=result.duplicates,
+                model_version=self.plane.tenant_version(tenant),
+            )
+
+        return await asyncio.to_thread(work)
+
+    async def RecordProgramEnd(  # noqa: N802
+        self,
+        tenant: Tenant,
+        request: events_pb2.RecordProgramEndRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> events_pb2.RecordProgramEndResponse:
+        end = validation.program_end(request)
+        seq = await asyncio.to_thread(self.plane.record_program_end, tenant, end)
+        return events_pb2.RecordProgramEndResponse(
+            duplicate=seq is None, model_version=self.plane.tenant_version(tenant)
+        )
+
+    # -- TtlService -------------------------------------------------------------------
+
+    async def DecideTtl(  # noqa: N802
+        self, tenant: Tenant, request: ttl_pb2.DecideTtlRequest, context: grpc.aio.ServicerContext
+    ) -> ttl_pb2.DecideTtlResponse:
+        decision, version = self.plane.decide(
+            tenant, validation.decide_request(request, self.limits)
+        )
+        self.metrics.decision(decision.basis)
+        return ttl_pb2.DecideTtlResponse(
+            ttl=_duration(decision.ttl_s),
+            return_probability=decision.return_probability,
+            expected_benefit=_duration(decision.expected_benefit_s),
+            basis=decision.basis,
+            model_version=version,
+            benefit=_duration(decision.benefit_s),
+            kv_hints=envelope_to_proto(retention_envelope(Retention(ttl_s=decision.ttl_s))),
+        )
+
+    # -- InspectService ---------------------------------------------------------------
+
+    async def ListTools(  # noqa: N802
+        self,
+        tenant: Tenant,
+        request: inspect_pb2.ListToolsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> inspect_pb2.ListToolsResponse:
+        validation.check_known("request", request)
+
+        def work() -> inspect_pb2.ListToolsResponse:
+            version = self.plane.tenant_version(tenant)
+            tools = [
+                inspect_pb2.ToolSummary(
+                    tool_name=v.tool_name,
+                    sample_count=v.sample_count,
+                    seen_count=v.seen_count,
+                    p50=_duration(v.quantiles_s[0]),
+                    p90=_duration(v.quantiles_s[1]),
+                    p99=_duration(v.quantiles_s[2]),
+                    drift_epoch=v.drift_epoch,
+                    signatures=v.signatures,
+                    pins=_pins(v.pins),
+                )
+                for v in self.plane.list_tools(tenant.name)
+            ]
+            return inspect_pb2.ListToolsResponse(tools=tools, model_version=version)
+
+        return await self._view(work)
+
+    async def GetToolDistribution(  # noqa: N802
+        self,
+        tenant: Tenant,
+        request: inspect_pb2.GetToolDistributionRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> inspect_pb2.GetToolDistributionResponse:
+        tool, args, points = validation.distribution_request(request)
+        version = self.plane.tenant_version(tenant)
+        view = await self._view(self.plane.tool_distribution, tenant.name, tool, args, points)
+        if view is None:
+            raise NotFoundError(f"tool_name: no samples of tool {tool!r}")
+        response = await self._view(_distribution, view, version)
+        stats = await asyncio.to_thread(inspection.miss_stats, self.plane.store, tenant.name, tool)
+        response.misses.CopyFrom(misses.miss_stats_proto(stats))
+        return response
+
+    async def ListMisses(  # noqa: N802
+        self,
+        tenant: Tenant,
+        request: inspect_pb2.ListMissesRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> inspect_pb2.ListMissesResponse:
+        tool, program, reason, limit = validation.misses_request(request)
+        reasons = frozenset({reason}) if reason is not None else MISSES
+        query = MissQuery(tool, program, reasons, limit)
+        view = await asyncio.to_thread(inspection.misses, self.plane.store, tenant.name, query)
+        return misses.misses_response(view)
+
+    async def GetWorkloadStats(  # noqa: N802
+        self,
+        tenant: Tenant,
+        request: inspect_pb2.GetWorkloadStatsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> inspect_pb2.GetWorkloadStatsResponse:
+        validation.check_known("request", request)
+        v = self.plane.workload_stats(tenant.name)
+        return inspect_pb2.GetWorkloadStatsResponse(
+            eta=v.eta,
+            queue_delay=_duration(v.queue_delay_s),
+            programs_completed=v.programs_completed,
+            programs_in_window=v.programs_in_window,
+            tool_calls=v.tool_calls,
+            queue_samples=v.queue_samples,
+            model_version=self.plane.tenant_version(tenant),
+        )
+
+    # -- ModelService -----------------------------------------------------------------
+
+    async def WatchSnapshots(  # noqa: N802
+        self,
+        tenant: Tenant,
+        request: model_pb2.WatchSnapshotsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[bytes]:
+        """Sends the tenant's snapshot whenever its version passes the last one sent;
+        the token is checked again every ``watch_interval_s``, so a revocation ends the
+        stream (PERMISSION_DENIED) within that plus the auth cache's ``fresh_s``."""
+        await context.send_initial_metadata(())  # tells the client the stream is open
+        after = request.after_version
+        try:
+            while True:
+                tenant = await self.gate.authenticate(context)
+                if self.plane.tenant_version(tenant) > after:
+                    version, payload = await self._snapshot(tenant)
+                    if version > after:
+                        self.metrics.snapshot_sent(version)
+                        yield payload
+                        after = version
+                await asyncio.sleep(self.watch_interval_s)
+        finally:
+            if self.gate.streams_of(tenant.name) <= 1:  # the tenant's last stream
+                self._latest.pop(tenant.name, None)
+                if tenant.name not in self._builds:
+                    self.plane.forget_snapshots(tenant)
+
+    async def _snapshot(self, tenant: Tenant) -> tuple[int, bytes]:
+        """The tenant's latest serialized snapshot; one build at a time per tenant, in a
+        worker thread, shared by all of the tenant's streams."""
+        latest = self._latest.get(tenant.name)
+        if latest is not None and latest[0] >= self.plane.tenant_version(tenant):
+            return latest
+        build = self._builds.get(tenant.name)
+        if build is None:
+            build = asyncio.ensure_future(self._view(self.plane.snapshot_payload, tenant))
+            self._builds[tenant.name] = build
+            build.add_done_callback(functools.partial(self._built, tenant.name))
+        return await asyncio.shield(build)
+
+    def _built(self, name: str, build: asyncio.Future[tuple[int, bytes]]) -> None:
+        self._builds.pop(name, None)
+        if not build.cancelled() and build.exception() is None:
+            self._latest[name] = build.result()
+
+
+def _distribution(
+    v: inspection.DistributionView, version: int
+) -> inspect_pb2.GetToolDistributionResponse:
+    return inspect_pb2.GetToolDistributionResponse(
+        tool_name=v.tool_name,
+        signature=v.signature,
+        basis=v.basis,
+        sample_count=v.sample_count,
+        seen_count=v.seen_count,
+        drift_epoch=v.drift_epoch,
+        quantiles=[inspect_pb2.Quantile(q=q, value=_duration(s)) for q, s in v.quantiles],
+        cdf=[inspect_pb2.CdfPoint(duration=_duration(s), probability=p) for s, p in v.cdf],
+        pins=_pins(v.pins),
+        model_version=version,
+    )

@@ -1,0 +1,481 @@
+"""``Store`` on SQLAlchemy 2: SQLite (embedded, WAL) or PostgreSQL (psycopg 3).
+
+Writers commit in ``seq`` order: on SQLite every write transaction starts with
+``BEGIN IMMEDIATE`` (one writer at a time); on PostgreSQL it takes a transaction-level
+advisory lock before drawing positions, so a position is never committed after a higher
+one and tailing readers never miss a row.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DataError, SQLAlchemyError
+
+from controlplane.errors import (
+    InvalidInputError,
+    StorageError,
+    TenantExistsError,
+    TenantNotFoundError,
+)
+from controlplane.records import (
+    AppendResult,
+    MissQuery,
+    MissReason,
+    NotPinnedCause,
+    PinOutcome,
+    ProgramEnd,
+    SnapshotRecord,
+    StoredProgramEnd,
+    StoredToolCall,
+    Tenant,
+    ToolCall,
+    TurnCache,
+)
+from controlplane.storage.base import SNAPSHOTS_KEPT, Store
+from controlplane.storage.migrate import check_schema
+from controlplane.storage.schema import program_ends, snapshots, tenants, tool_events
+
+__all__ = ["SqlStore", "make_engine", "transaction"]
+
+#: How long a writer waits for SQLite's write lock before failing.
+BUSY_TIMEOUT_S = 10.0
+#: Key of the PostgreSQL advisory lock that orders log writers.
+_LOG_LOCK = 0x0CAC4E77
+
+
+def normalize_url(url: str) -> str:
+    """Pick psycopg 3 for plain PostgreSQL URLs."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite files get WAL, a busy timeout and full sync."""
+    url = normalize_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=8,
+            max_overflow=8,
+            connect_args={"prepare_threshold": None},
+        )
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        url, connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False}
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute("PRAGMA synchronous=FULL")  # durable before acknowledgement
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        write = connection.get_execution_options().get("cachettl_write", False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+@contextmanager
+def transaction(engine: Engine, write: bool = False) -> Iterator[Connection]:
+    """One transaction: commits on success, rolls back on error, always closes.
+
+    Driver errors come out as ``StorageError``, except a value the database cannot hold
+    (out of range, too long, ...): that is the request's fault, never worth a retry, and
+    comes out as ``InvalidInputError``. The body's own exceptions pass through. On
+    PostgreSQL a write transaction first takes the log's advisory lock.
+    """
+    try:
+        with engine.connect() as connection:
+            if write:
+                connection.execution_options(cachettl_write=True)
+            with connection.begin():
+                if write and engine.dialect.name == "postgresql":
+                    connection.execute(select(func.pg_advisory_xact_lock(_LOG_LOCK)))
+                yield connection
+    except (DataError, OverflowError) as error:  # OverflowError: sqlite3 and huge ints
+        original = getattr(error, "orig", None) or error
+        message = f"holds a value the database cannot store: {original}"
+        raise InvalidInputError("request", message) from error
+    except SQLAlchemyError as error:
+        original = getattr(error, "orig", None)
+        raise StorageError(f"database error: {original or error}") from error
+
+
+_COLUMNS = (
+    "tenant_id",
+    "event_id",
+    "program_id",
+    "tool_name",
+    "tool_args",
+    "duration_s",
+    "finished_at",
+    "turn_index",
+    "shared",
+    "received_at",
+    "chosen_ttl_s",
+    "pin_outcome",
+    "admission_delay_s",
+    "miss_reason",
+    "not_pinned_cause",
+    "expired_by_s",
+    "diverged_at",
+    "hit_tokens",
+    "reusable_tokens",
+)
+_SQLITE_INSERT = (
+    f"INSERT INTO tool_events ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+)
+_SQLITE_STORED_IDS = (
+    "SELECT event_id FROM tool_events WHERE tenant_id = ? "
+    "AND event_id IN (SELECT value FROM json_each(?))"
+)
+
+_ARRAY_COLUMNS = {
+    "event_id": "VARCHAR",
+    "program_id": "VARCHAR",
+    "tool_name": "VARCHAR",
+    "tool_args": "TEXT",
+    "duration_s": "FLOAT8",
+    "finished_at": "FLOAT8",
+    "turn_index": "BIGINT",
+    "chosen_ttl_s": "FLOAT8",
+    "pin_outcome": "SMALLINT",
+    "admission_delay_s": "FLOAT8",
+    "miss_reason": "SMALLINT",
+    "not_pinned_cause": "SMALLINT",
+    "expired_by_s": "FLOAT8",
+    "diverged_at": "BIGINT",
+    "hit_tokens": "BIGINT",
+    "reusable_tokens": "BIGINT",
+}
+_PG_INSERT = (
+    f"INSERT INTO tool_events (tenant_id, shared, received_at, {', '.join(_ARRAY_COLUMNS)}) "
+    "SELECT %(tenant)s, %(shared)s, %(now)s, * FROM unnest("
+    + ", ".join(f"CAST(%({k})s AS {t}[])" for k, t in _ARRAY_COLUMNS.items())
+    + ") ON CONFLICT (tenant_id, event_id) DO NOTHING RETURNING event_id, seq"
+)
+
+
+def _first_occurrences(calls: Sequence[ToolCall]) -> list[ToolCall]:
+    """The calls in order, without later repeats of an ``event_id``."""
+    seen: set[str] = set()
+    unique = []
+    for call in calls:
+        if call.event_id not in seen:
+            seen.add(call.event_id)
+            unique.append(call)
+    return unique
+
+
+def _tenant(row: Any) -> Tenant:
+    return Tenant(row.id, row.name, bool(row.share), row.created_at, row.revoked_at)
+
+
+def _call_row(tenant: Tenant, call: ToolCall, now: float) -> dict[str, Any]:
+    return {
+        "tenant_id": tenant.id,
+        "event_id": call.event_id,
+        "program_id": call.program_id,
+        "tool_name": call.tool_name,
+        "tool_args": call.tool_args,
+        "duration_s": call.duration_s,
+        "finished_at": call.finished_at,
+        "turn_index": call.turn_index,
+        "shared": tenant.share,
+        "received_at": now,
+        "chosen_ttl_s": call.chosen_ttl_s,
+        "pin_outcome": int(call.pin_outcome),
+        "admission_delay_s": call.admission_delay_s,
+        "miss_reason": int(call.cache.reason),
+        "not_pinned_cause": int(call.cache.not_pinned_cause),
+        "expired_by_s": call.cache.expired_by_s,
+        "diverged_at": call.cache.diverged_at,
+        "hit_tokens": call.cache.hit_tokens,
+        "reusable_tokens": call.cache.reusable_tokens,
+    }
+
+
+def _stored_call(row: Any) -> StoredToolCall:
+    call = ToolCall(
+        row.event_id,
+        row.program_id,
+        row.tool_name,
+        row.tool_args,
+        row.duration_s,
+        row.finished_at,
+        row.turn_index,
+        row.chosen_ttl_s,
+        PinOutcome(row.pin_outcome),
+        row.admission_delay_s,
+        TurnCache(
+            MissReason(row.miss_reason),
+            NotPinnedCause(row.not_pinned_cause),
+            row.expired_by_s,
+            row.diverged_at,
+            row.hit_tokens,
+            row.reusable_tokens,
+        ),
+    )
+    return StoredToolCall(row.seq, row.name, bool(row.shared), call)
+
+
+def _of(query: Any, tenant: str, tool: str | None, program: str | None) -> Any:
+    """``query`` over ``tool_events`` restricted to one tenant's, tool's and program's."""
+    query = query.join(tenants, tenants.c.id == tool_events.c.tenant_id).where(
+        tenants.c.name == tenant
+    )
+    if tool is not None:
+        query = query.where(tool_events.c.tool_name == tool)
+    if program is not None:
+        query = query.where(tool_events.c.program_id == program)
+    return query
+
+
+class SqlStore(Store):
+    """A ``Store`` in a SQL database (see the module docstring for the ordering rules)."""
+
+    def __init__(self, url: str, check_schema: bool = True) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        if check_schema:
+            _check(self.engine, url)
+
+    # -- tenants ----------------------------------------------------------------------
+
+    def create_tenant(self, name: str, share: bool, token_hash: str, now: float) -> Tenant:
+        with transaction(self.engine, write=True) as c:
+            if c.execute(select(tenants.c.id).where(tenants.c.name == name)).first():
+                raise TenantExistsError(f"tenant {name!r} already exists")
+            values = {"name": name, "token_hash": token_hash, "share": share, "created_at": now}
+            new_id = c.execute(insert(tenants).values(values).returning(tenants.c.id)).scalar()
+        return Tenant(int(new_id or 0), name, share, now)
+
+    def list_tenants(self) -> list[Tenant]:
+        with transaction(self.engine) as c:
+            rows = c.execute(select(tenants).order_by(tenants.c.name)).all()
+        return [_tenant(r) for r in rows]
+
+    def revoke_tenant(self, name: str, now: float) -> None:
+        with transaction(self.engine, write=True) as c:
+            found = c.execute(select(tenants.c.id).where(tenants.c.name == name)).first()
+            if found is None:
+                raise TenantNotFoundError(f"no tenant named {name!r}")
+            c.execute(
+                update(tenants)
+                .where(tenants.c.name == name, tenants.c.revoked_at.is_(None))
+                .values(revoked_at=now)
+            )
+
+    def tenant_by_token_hash(self, token_hash: str) -> Tenant | None:
+        query = select(tenants).where(tenants.c.token_hash == token_hash)
+        with transaction(self.engine) as c:
+            row = c.execute(query).first()
+        return _tenant(row) if row is not None else None
+
+    # -- the event log ----------------------------------------------------------------
+
+    def append_tool_calls(self, tenant: Tenant, calls: Sequence[ToolCall]) -> AppendResult:
+        if not calls:
+            return AppendResult((), 0)
+        now = time.time()
+        unique = _first_occurrences(calls)
+        with transaction(self.engine, write=True) as c:
+            if self.engine.dialect.name == "sqlite":
+                seqs = self._append_sqlite(c, tenant, unique, now)
+            else:
+                seqs = self._append_postgres(c, tenant, unique, now)
+        return AppendResult(tuple(seqs), len(calls) - len(seqs))
+
+    @staticmethod
+    def _append_sqlite(
+        c: Connection, tenant: Tenant, calls: list[ToolCall], now: float
+    ) -> list[int]:
+        ids = json.dumps([call.event_id for call in calls])  # one parameter, not one per id
+        seen = {row[0] for row in c.exec_driver_sql(_SQLITE_STORED_IDS, (tenant.id, ids))}
+        rows = [_call_row(tenant, call, now) for call in calls if call.event_id not in seen]
+        if not rows:
+            return []
+        # The writer holds SQLite's write lock (BEGIN IMMEDIATE) and an INTEGER PRIMARY KEY
+        # takes max + 1, so the new rows' positions are the last len(rows) ones, in order.
+        c.exec_driver_sql(_SQLITE_INSERT, [tuple(r[k] for k in _COLUMNS) for r in rows])
+        last = int(c.exec_driver_sql("SELECT max(seq) FROM tool_events").scalar_one())
+        return list(range(last - len(rows) + 1, last + 1))
+
+    @staticmethod
+    def _append_postgres(
+        c: Connection, tenant: Tenant, calls: list[ToolCall], now: float
+    ) -> list[int]:
+        # One statement: the batch as column arrays; stored ids are skipped by the unique
+        # constraint. Positions are returned in the calls' order.
+        params: dict[str, Any] = {"tenant": tenant.id, "shared": tenant.share, "now": now}
+        rows = [_call_row(tenant, call, now) for call in calls]
+        for name in _ARRAY_COLUMNS:
+            params[name] = [r[name] for r in rows]
+        inserted: dict[str, int] = {e: s for e, s in c.exec_driver_sql(_PG_INSERT, params)}
+        return [int(inserted[e]) for e in params["event_id"] if e in inserted]
+
+    def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
+        with transaction(self.engine, write=True) as c:
+            # One end per run: a rerun of the program id ends at another time, a resend
+            # of this end carries the same one (None matches None: IS NULL).
+            query = select(program_ends.c.seq).where(
+                program_ends.c.tenant_id == tenant.id,
+                program_ends.c.program_id == end.program_id,
+                program_ends.c.finished_at == end.finished_at,
+            )
+            if c.execute(query).first() is not None:
+                return None
+            values = {
+                "tenant_id": tenant.id,
+                "program_id": end.program_id,
+                "total_turns": end.total_turns,
+                "finished_at": end.finished_at,
+                "received_at": time.time(),
+            }
+            seq = c.execute(insert(program_ends).values(values).returning(program_ends.c.seq))
+            return int(seq.scalar_one())
+
+    def read_tool_calls(
+        self, after_seq: int, limit: int, tenant: str | None = None
+    ) -> list[StoredToolCall]:
+        query = (
+            select(tool_events, tenants.c.name)
+            .join(tenants, tenants.c.id == tool_events.c.tenant_id)
+            .where(tool_events.c.seq > after_seq)
+            .order_by(tool_events.c.seq)
+            .limit(limit)
+        )
+        if tenant is not None:
+            query = query.where(tenants.c.name == tenant)
+        with transaction(self.engine) as c:
+            return [_stored_call(r) for r in c.execute(query)]
+
+    def read_program_ends(
+        self, after_seq: int, limit: int, tenant: str | None = None
+    ) -> list[StoredProgramEnd]:
+        query = (
+            select(program_ends, tenants.c.name)
+            .join(tenants, tenants.c.id == program_ends.c.tenant_id)
+            .where(program_ends.c.seq > after_seq)
+            .order_by(program_ends.c.seq)
+            .limit(limit)
+        )
+        if tenant is not None:
+            query = query.where(tenants.c.name == tenant)
+        with transaction(self.engine) as c:
+            return [
+                StoredProgramEnd(
+                    r.seq, r.name, ProgramEnd(r.program_id, r.total_turns, r.finished_at)
+                )
+                for r in c.execute(query)
+            ]
+
+    def count_tool_calls(self, tenant: str | None = None) -> int:
+        query = select(func.count()).select_from(tool_events)
+        if tenant is not None:
+            query = query.join(tenants, tenants.c.id == tool_events.c.tenant_id).where(
+                tenants.c.name == tenant
+            )
+        with transaction(self.engine) as c:
+            return int(c.execute(query).scalar_one())
+
+    # -- returning turns --------------------------------------------------------------
+
+    def list_misses(self, tenant: str, query: MissQuery) -> list[StoredToolCall]:
+        reasons = sorted(int(r) for r in query.reasons)
+        select_rows = select(tool_events, tenants.c.name).select_from(tool_events)
+        rows = (
+            _of(select_rows, tenant, query.tool, query.program)
+            .where(tool_events.c.miss_reason.in_(reasons))
+            .order_by(tool_events.c.seq.desc())
+            .limit(query.limit)
+        )
+        with transaction(self.engine) as c:
+            return [_stored_call(r) for r in c.execute(rows)]
+
+    def miss_counts(
+        self, tenant: str, tool: str | None = None, program: str | None = None
+    ) -> dict[MissReason, int]:
+        reason = tool_events.c.miss_reason
+        counts = select(reason, func.count()).select_from(tool_events)
+        query = _of(counts, tenant, tool, program).where(reason != 0).group_by(reason)
+        with transaction(self.engine) as c:
+            return {MissReason(r): int(n) for r, n in c.execute(query)}
+
+    def expired_by(
+        self, tenant: str, tool: str | None = None, program: str | None = None, limit: int = 10_000
+    ) -> list[float]:
+        column = tool_events.c.expired_by_s
+        query = (
+            _of(select(column).select_from(tool_events), tenant, tool, program)
+            .where(tool_events.c.miss_reason == int(MissReason.EXPIRED), column.is_not(None))
+            .order_by(tool_events.c.seq.desc())
+            .limit(limit)
+        )
+        with transaction(self.engine) as c:
+            return [float(x) for x in c.execute(query).scalars()]
+
+    # -- snapshots --------------------------------------------------------------------
+
+    def save_snapshot(self, snapshot: SnapshotRecord) -> None:
+        values = {
+            "policy": snapshot.policy,
+            "tool_seq": snapshot.tool_seq,
+            "end_seq": snapshot.end_seq,
+            "created_at": snapshot.created_at,
+            "payload": snapshot.payload,
+        }
+        with transaction(self.engine, write=True) as c:
+            c.execute(insert(snapshots).values(values))
+            old = (
+                select(snapshots.c.id)
+                .where(snapshots.c.policy == snapshot.policy)
+                .order_by(snapshots.c.id.desc())
+                .offset(SNAPSHOTS_KEPT)
+            )
+            stale = list(c.execute(old).scalars())
+            if stale:
+                c.execute(snapshots.delete().where(snapshots.c.id.in_(stale)))
+
+    def latest_snapshot(self, policy: str) -> SnapshotRecord | None:
+        query = (
+            select(snapshots)
+            .where(snapshots.c.policy == policy)
+            .order_by(snapshots.c.id.desc())
+            .limit(1)
+        )
+        with transaction(self.engine) as c:
+            row = c.execute(query).first()
+        if row is None:
+            return None
+        return SnapshotRecord(row.policy, row.tool_seq, row.end_seq, row.created_at, row.payload)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _check(engine: Engine, url: str) -> None:
+    try:
+        check_schema(engine, url)
+    except SQLAlchemyError as error:
+        raise StorageError(f"database error: {getattr(error, 'orig', None) or error}") from error

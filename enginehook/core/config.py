@@ -1,0 +1,276 @@
+"""The hook's settings, read from ``--additional-config '{"cachettl": {...}}'``.
+
+Every key is optional; unknown keys are an error that lists the valid ones (a typo must
+not silently turn pinning off).
+
+>>> HookConfig.from_additional({"cachettl": {"policy": "fixed", "policy_params": {"ttl_s": 1}}})
+HookConfig(enabled=True, policy='fixed', policy_params={'ttl_s': 1}, ...)
+>>> HookConfig.from_additional({"cachettl": {"ttl_cap": 3}})
+Traceback (most recent call last):
+...
+ValueError: additional_config.cachettl: unknown key 'ttl_cap'; valid: ...
+>>> HookConfig.from_additional({"cachettl": {"pressure": "always"}}).rules.pressure
+<PressureRule.ALWAYS: 'always'>
+>>> HookConfig.from_additional({"cachettl": {"order_window_s": -1}})
+Traceback (most recent call last):
+...
+ValueError: additional_config.cachettl.order_window_s must be a finite number >= 0, got -1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from enginehook.core.rules import SchedulingRules
+
+__all__ = [
+    "CONFIG_KEY",
+    "CPU_TIER_CONNECTORS",
+    "CPU_TIER_SETTINGS",
+    "CpuTier",
+    "HookConfig",
+    "detect_cpu_tier",
+]
+
+#: The key under vLLM's ``additional_config`` that holds the hook's settings.
+CONFIG_KEY = "cachettl"
+_PREFIX = f"additional_config.{CONFIG_KEY}"
+
+#: Values of ``cpu_tier``.
+CPU_TIER_SETTINGS = ("auto", "on", "off")
+
+#: vLLM 0.32 KV connectors that keep a host-memory copy of the blocks they store, so a
+#: block evicted from the GPU pool can be reloaded instead of recomputed. ``--kv-offloading-size``
+#: sets up the first (or ``SimpleCPUOffloadConnector`` with ``VLLM_USE_SIMPLE_KV_OFFLOAD=1``,
+#: or ``LMCacheMPConnector`` with ``--kv-offloading-backend lmcache``).
+CPU_TIER_CONNECTORS = frozenset(
+    {
+        "OffloadingConnector",
+        "SimpleCPUOffloadConnector",
+        "LMCacheConnectorV1",
+        "LMCacheMPConnector",
+        "FlexKVConnectorV1",
+    }
+)
+
+#: Connectors among those that also store decode-phase blocks by default (the others store
+#: the prompt's blocks only: ``OffloadingConnector``'s ``offload_prompt_only`` defaults to
+#: true, LMCache's ``save_decode_cache`` to false).
+_STORES_DECODE = frozenset({"SimpleCPUOffloadConnector"})
+
+#: Roles in which a connector stores this engine's blocks.
+_STORING_ROLES = ("kv_producer", "kv_both")
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    """Settings of the engine hook.
+
+    ``enabled``: pin and reorder at all (off: the stock scheduler's behaviour).
+    ``policy`` / ``policy_params``: the estimator TTL policy and its parameters.
+    ``profile``: hardware profile of the cost model used until prefill timings arrive.
+    ``min_samples``: cold-start threshold K of the duration models.
+    ``rules``: the :class:`~enginehook.core.rules.SchedulingRules` (pressure rules, order and
+    its windows, pin budget, TTL cap, victims); in ``additional_config`` each rule is a key
+    of its own (``"pressure": "always"``, ``"ttl_cap_s": 60``, ...).
+    ``tenant``: the tenant this engine's events and decisions belong to.
+    ``control_plane``: ``host:port`` of the control plane (empty: none).
+    ``token``: bearer token for the control plane (default: ``$CACHETTL_TOKEN``; never
+    shown in the config's repr or logs). ``spill_dir``: where undelivered events
+    are spilled (default: a temporary folder). ``event_log``: a JSON Lines file that
+    receives every tool-call and program-end event (empty: none). ``metrics_listen``:
+    ``host:port`` where the hook serves ``/metrics`` in Prometheus format (empty: off).
+    ``idle_program_s``: a program whose tool call has not returned for this long is
+    forgotten, and its end reported with the turns it was served. ``cpu_tier``: whether
+    a miss is priced as a reload from a CPU copy of the KV instead of a full prefill:
+    ``auto`` (detected from the engine's KV connector and offloading options,
+    :func:`detect_cpu_tier`), ``on`` or ``off``; while it is on the rules' tier settings
+    apply.
+    """
+
+    enabled: bool = True
+    policy: str = "cachettl"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    profile: str = "llama3.1-8b-h100"
+    min_samples: int = 100
+    rules: SchedulingRules = field(default_factory=SchedulingRules)
+    tenant: str = "default"
+    control_plane: str = ""
+    token: str = field(default="", repr=False)
+    spill_dir: str = ""
+    event_log: str = ""
+    metrics_listen: str = ""
+    idle_program_s: float = 3600.0
+    cpu_tier: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rules, SchedulingRules):
+            raise ValueError(f"{_PREFIX}.rules must be SchedulingRules, got {self.rules!r}")
+        if not isinstance(self.cpu_tier, str) or self.cpu_tier not in CPU_TIER_SETTINGS:
+            raise ValueError(
+                f"{_PREFIX}.cpu_tier must be one of "
+                f"{', '.join(CPU_TIER_SETTINGS)}, got {self.cpu_tier!r}"
+            )
+        value = self.idle_program_s
+        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{_PREFIX}.idle_program_s must be >= 0, got {value!r}")
+        if isinstance(self.min_samples, bool) or not isinstance(self.min_samples, int):
+            raise ValueError(f"{_PREFIX}.min_samples must be an integer, got {self.min_samples!r}")
+        if not isinstance(self.policy_params, Mapping):
+            raise ValueError(f"{_PREFIX}.policy_params must be an object")
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The keys ``additional_config.cachettl`` accepts: the settings and the rules."""
+        own = [f.name for f in dataclasses.fields(cls) if f.name != "rules"]
+        return own + list(SchedulingRules.names())
+
+    @classmethod
+    def from_additional(cls, additional: Mapping[str, Any] | None) -> HookConfig:
+        """Read ``additional[CONFIG_KEY]`` (missing: defaults)."""
+        raw = (additional or {}).get(CONFIG_KEY) or {}
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{_PREFIX} must be an object, got {raw!r}")
+        valid = cls.keys()
+        for key in raw:
+            if key not in valid:
+                raise ValueError(f"{_PREFIX}: unknown key {key!r}; valid: {', '.join(valid)}")
+        rule_names = set(SchedulingRules.names())
+        values = {k: v for k, v in raw.items() if k not in rule_names}
+        try:
+            values["rules"] = SchedulingRules.parse(
+                {k: v for k, v in raw.items() if k in rule_names}
+            )
+        except ValueError as error:
+            raise ValueError(f"{_PREFIX}.{error}") from None
+        if not values.get("token"):
+            values["token"] = os.environ.get("CACHETTL_TOKEN", "")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class CpuTier:
+    """Whether the engine keeps a CPU copy of finished requests' KV blocks.
+
+    ``on``: misses are priced as a reload (``RequestFacts.offload``). ``reason``: why, in
+    words (logged at start). ``connectors``: the CPU-tier connectors found.
+    ``prompt_only``: the tier holds the prompt's blocks only (the turn's output is
+    recomputed on a miss).
+    """
+
+    on: bool
+    reason: str
+    connectors: tuple[str, ...] = ()
+    prompt_only: bool = True
+
+    def offloaded_tokens(self, prompt_tokens: int, total_tokens: int, block_size: int) -> int:
+        """Tokens of a finished request whose KV the tier holds: its full blocks of the
+        prompt (``prompt_only``) or of everything computed (all tokens but the last
+        sampled one, whose KV is never written).
+
+        >>> CpuTier(True, "", prompt_only=True).offloaded_tokens(100, 140, 32)
+        96
+        >>> CpuTier(True, "", prompt_only=False).offloaded_tokens(100, 140, 32)
+        128
+        """
+        if not self.on:
+            return 0
+        covered = prompt_tokens if self.prompt_only else max(prompt_tokens, total_tokens - 1)
+        size = max(1, block_size)
+        return covered // size * size
+
+
+def _connector_entries(transfer: Any) -> list[tuple[str, str | None, Mapping[str, Any]]]:
+    """``(name, role, extra_config)`` of every configured KV connector; the children of a
+    ``MultiConnector`` (each with its own role, else the parent's)."""
+    if transfer is None or not getattr(transfer, "kv_connector", None):
+        return []
+    name = str(transfer.kv_connector)
+    role = getattr(transfer, "kv_role", None)
+    extra = getattr(transfer, "kv_connector_extra_config", None) or {}
+    if name != "MultiConnector":
+        return [(name, role, extra)]
+    entries: list[tuple[str, str | None, Mapping[str, Any]]] = []
+    for child in extra.get("connectors", []) or []:
+        if isinstance(child, Mapping) and child.get("kv_connector"):
+            entries.append(
+                (
+                    str(child["kv_connector"]),
+                    child.get("kv_role", role),
+                    child.get("kv_connector_extra_config") or {},
+                )
+            )
+    return entries
+
+
+def _stores_decode(name: str, extra: Mapping[str, Any]) -> bool:
+    if name == "OffloadingConnector":
+        return not bool(extra.get("offload_prompt_only", True))
+    return name in _STORES_DECODE
+
+
+def detect_cpu_tier(setting: str, vllm_config: Any) -> CpuTier:
+    """Resolve ``cpu_tier`` against the engine's ``VllmConfig``.
+
+    ``auto`` is on when a connector of :data:`CPU_TIER_CONNECTORS` is configured in a
+    storing role (``kv_producer`` / ``kv_both``), directly or as a ``MultiConnector``
+    child, or when ``cache_config.kv_offloading_size`` is set (vLLM turns that into such a
+    connector). Unknown connectors do not count: set ``cpu_tier`` to ``on`` for a custom
+    connector that keeps a CPU copy.
+    """
+    if setting not in CPU_TIER_SETTINGS:
+        raise ValueError(
+            f"additional_config.cachettl.cpu_tier must be one of {', '.join(CPU_TIER_SETTINGS)}, "
+            f"got {setting!r}"
+        )
+    entries = _connector_entries(getattr(vllm_config, "kv_transfer_config", None))
+    tiers = [
+        (n, extra)
+        for n, role, extra in entries
+        if n in CPU_TIER_CONNECTORS and role in _STORING_ROLES
+    ]
+    names = tuple(n for n, _ in tiers)
+    prompt_only = not any(_stores_decode(n, extra) for n, extra in tiers)
+    cache = getattr(vllm_config, "cache_config", None)
+    size = getattr(cache, "kv_offloading_size", None)
+    if setting == "off":
+        ignored = f" (ignoring {', '.join(names)})" if names else ""
+        return CpuTier(False, f"cpu_tier=off{ignored}: misses priced as a full prefill")
+    if setting == "on":
+        found = ", ".join(names) if names else "no known CPU-tier connector configured"
+        return CpuTier(
+            True, f"cpu_tier=on ({found}): misses priced as a CPU reload", names, prompt_only
+        )
+    if tiers:
+        return CpuTier(
+            True,
+            f"auto: KV connector {', '.join(names)} keeps a CPU copy; misses priced as a reload",
+            names,
+            prompt_only,
+        )
+    if size is not None:
+        backend = getattr(cache, "kv_offloading_backend", "native")
+        return CpuTier(
+            True,
+            f"auto: kv_offloading_size={size} GiB ({backend}); misses priced as a reload",
+            (),
+            True,
+        )
+    if not entries:
+        return CpuTier(False, "auto: no KV connector; misses priced as a full prefill")
+    parts = []
+    for name, role, _ in entries:
+        if name in CPU_TIER_CONNECTORS:
+            parts.append(f"{name} in role {role!r} stores nothing from this engine")
+        else:
+            parts.append(f"{name} is not a known CPU tier")
+    return CpuTier(
+        False,
+        f"auto: {'; '.join(parts)} (set cpu_tier to on if it keeps a CPU copy); "
+        "misses priced as a full prefill",
+    )

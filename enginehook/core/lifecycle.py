@@ -1,0 +1,485 @@
+"""The pin controller: a program's KV cache around its tool calls, for any engine.
+
+:class:`PinController` is the one object both hosts run: the vLLM hook
+(:mod:`enginehook.vllm.scheduler`) and the simulator (:class:`simulator.sim.Simulation`). It owns
+the pin table, the tool-call trackers, program arrivals and attained service, the TTL
+policy (a :class:`Decider`) and the :class:`~enginehook.core.rules.SchedulingRules`, and it
+exposes the lifecycle::
+
+    arrived ─► admitted (a live pin hands its blocks over) ─► finished (decide, pin, track)
+    expire(now) · relieve(needed, ...) under memory pressure · order_key(...) of the queue
+    admission_tick(now) · may_admit(program) where a program-level admission runs
+
+An engine implements the small :class:`EngineHost` protocol (free KV, the waiting queue,
+giving a pinned handle back, receiving events); nothing here knows vLLM or the simulator,
+and every method that depends on time takes ``now``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, replace
+from typing import Generic, Protocol, TypeVar
+
+from enginehook.core.admission import ProgramAdmission
+from enginehook.core.pins import Pin, PinTable, ReleaseReason
+from enginehook.core.pressure import PressureRule, may_release
+from enginehook.core.priority import ProgramArrivals
+from enginehook.core.rules import ORDERINGS, VICTIMS, SchedulingRules
+from enginehook.core.tracker import (
+    CacheSeen,
+    NotPinnedCause,
+    ProgramEndEvent,
+    ReturningTurn,
+    ToolCallEvent,
+    ToolCallTracker,
+)
+from estimator import Decision, RequestFacts
+
+__all__ = ["Decider", "EngineHost", "Finish", "FinishedTurn", "PinController"]
+
+H = TypeVar("H")
+#: What a pin table that must stay finite uses for "no cap".
+_NO_CAP_S = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedTurn:
+    """A turn that just finished decoding, as its engine saw it.
+
+    ``tool``: the tool it called (``None``: none). ``last_turn``: the program ends here.
+    ``pin``: the client allows pinning this turn. ``offloaded_tokens``: how much of the
+    context a CPU tier holds (``None``: all of it, when a tier is on). ``service_s``: model
+    time the turn took (attained service); ``output_tokens``: tokens it generated (with
+    ``context_tokens``, its weighted-token service: prompt + 2 × output). ``ttl_s``: the
+    TTL the client set for this turn (the decider should honour it). ``ttl_ceiling_s``:
+    the most the client lets this turn be pinned (caps the decided TTL; the rules'
+    ``ttl_cap_s`` still applies on top). ``true_duration_s``: the tool's real duration,
+    known only to a simulator (the oracle policy uses it).
+    """
+
+    program_id: str
+    tool: str | None
+    tool_args: str | None = None
+    context_tokens: int = 0
+    tenant: str = "default"
+    last_turn: bool = False
+    pin: bool = True
+    offloaded_tokens: int | None = None
+    service_s: float = 0.0
+    output_tokens: int = 0
+    ttl_s: float | None = None
+    true_duration_s: float | None = None
+    ttl_ceiling_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finish(Generic[H]):
+    """What :meth:`PinController.finished` did. ``took``: the host's ``take`` was called
+    and returned ``handle``, which now belongs to the pin or, when not ``pinned`` (the
+    budget refused it), is the host's to free."""
+
+    took: bool = False
+    pinned: bool = False
+    decision: Decision | None = None
+    handle: H | None = None
+
+
+class Decider(Protocol):
+    """The TTL policy the controller asks (the hook's :class:`enginehook.core.decide.TtlDecider`
+    adapter, or a simulator policy)."""
+
+    def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision: ...
+
+
+class EngineHost(Protocol[H]):
+    """What the controller asks of, and tells, the engine around it."""
+
+    def free_tokens(self) -> int:
+        """KV tokens free now."""
+        ...
+
+    def waiting_requests(self) -> Iterable[tuple[str | None, int]]:
+        """``(program id, prompt tokens)`` of each waiting request, in queue order."""
+        ...
+
+    def waiting_programs(self) -> Collection[str]:
+        """Programs with a request waiting (a cheap live view)."""
+        ...
+
+    def pinned_tokens(self, pin: Pin[H]) -> int:
+        """Tokens of its program's next prompt that ``pin`` covers."""
+        ...
+
+    def pin_released(self, pin: Pin[H], reason: ReleaseReason) -> None:
+        """A pin ended: give its handle back (for ``HIT`` the admitted request took it)."""
+        ...
+
+    def emit(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+        """A completed tool call or program end, to learn from and report."""
+        ...
+
+
+class PinController(Generic[H]):
+    """Pins, trackers, arrivals, the policy and the rules of one engine."""
+
+    def __init__(
+        self,
+        rules: SchedulingRules,
+        host: EngineHost[H],
+        *,
+        pool_blocks: int,
+        decider: Decider | None,
+        engine_id: str,
+        cpu_tier: bool = False,
+        block_size: int = 16,
+    ) -> None:
+        """``decider``: ``None`` never pins (the controller still tracks and orders).
+        ``block_size``: tokens per KV block (the admission's capacity is the pool's tokens)."""
+        self.rules = rules
+        self.host = host
+        self.decider = decider
+        self.engine_id = engine_id
+        cap = rules.ttl_cap_s if math.isfinite(rules.ttl_cap_s) else _NO_CAP_S
+        budget = int(rules.budget_share * pool_blocks)
+        self.pins: PinTable[H] = PinTable(budget, ttl_cap_s=cap, on_release=self._released)
+        self.arrivals = ProgramArrivals()
+        self._trackers: dict[str, ToolCallTracker] = {}
+        self._tenants: dict[str, str] = {}
+        self._service: dict[str, float] = {}
+        self._tokens: dict[str, float] = {}
+        self.admission: ProgramAdmission | None = None
+        if rules.admission == "thunderagent":
+            self.admission = ProgramAdmission(
+                pool_blocks * block_size, interval_s=rules.admission_interval_s
+            )
+        self._order = ORDERINGS[rules.ordering]
+        self._victims = VICTIMS[rules.victim]
+        self.cpu_tier = cpu_tier
+
+    # -- rules in force --------------------------------------------------------------------
+    @property
+    def cpu_tier(self) -> bool:
+        """Whether a CPU tier holds copies of the KV (the tier rules apply)."""
+        return self._cpu_tier
+
+    @cpu_tier.setter
+    def cpu_tier(self, on: bool) -> None:
+        self._cpu_tier = bool(on)
+        self._pressure, self._window = self.rules.in_force(self._cpu_tier)
+
+    @property
+    def pressure_rule(self) -> PressureRule:
+        return self._pressure
+
+    @property
+    def order_window_s(self) -> float:
+        return self._window
+
+    @property
+    def first_turn_head_start_s(self) -> float:
+        return self.rules.first_turn_head_start_s
+
+    @property
+    def first_turn_over_pins(self) -> bool:
+        return self.rules.first_turn_over_pins
+
+    # -- what orderings ask ----------------------------------------------------------------
+    def pinned(self, program_id: str | None) -> bool:
+        return program_id is not None and program_id in self.pins
+
+    def first_arrival(self, program_id: str | None, default: float) -> float:
+        return self.arrivals.first(program_id, default)
+
+    def attained_service(self, program_id: str | None) -> float:
+        return self._service.get(program_id, 0.0) if program_id is not None else 0.0
+
+    def attained_tokens(self, program_id: str | None) -> float:
+        return self._tokens.get(program_id, 0.0) if program_id is not None else 0.0
+
+    def order_key(
+        self, priority: int, preempted: bool, program_id: str | None, arrival: float, rid: str
+    ) -> tuple[object, ...]:
+        """The waiting-queue sort key of one request (smaller goes first). With an
+        admission, requests of paused programs sort after every other (the host stops
+        admitting at the first one, :meth:`may_admit`)."""
+        key = self._order(self, priority, preempted, program_id, arrival, rid)
+        if self.admission is not None:
+            return (1 if self.admission.held(program_id) else 0, *key)
+        return key
+
+    # -- program-level admission ------------------------------------------------------------
+    def may_admit(self, program_id: str | None) -> bool:
+        """Whether a waiting request of the program may be admitted (its program is not
+        paused by the admission)."""
+        return self.admission is None or not self.admission.held(program_id)
+
+    def admission_tick(self, now: float) -> bool:
+        """Run the admission's periodic pause/resume check when due; ``True`` when a
+        program was resumed (queue order changed). Hosts call it every scheduling step."""
+        if self.admission is None or not self.admission.due(now):
+            return False
+        return bool(self.admission.tick(now))
+
+    def next_admission_check(self) -> float | None:
+        """When the admission checks next while a program is paused (an idle host must
+        wake up then); ``None`` without one."""
+        if self.admission is None or not self.admission.paused_count():
+            return None
+        return self.admission.next_tick()
+
+    # -- the lifecycle ---------------------------------------------------------------------
+    def tracker(self, tenant: str = "default") -> ToolCallTracker:
+        """The tool-call tracker of ``tenant`` (one per engine and tenant)."""
+        tracker = self._trackers.get(tenant)
+        if tracker is None:
+            tracker = self._trackers[tenant] = ToolCallTracker(self.engine_id, tenant)
+        return tracker
+
+    def _tracker_of(self, program_id: str) -> ToolCallTracker:
+        return self.tracker(self._tenants.get(program_id, "default"))
+
+    def arrived(
+        self,
+        program_id: str,
+        arrival: float,
+        now: float,
+        tenant: str = "default",
+        prompt_tokens: int = 0,
+        parent: str | None = None,
+    ) -> None:
+        """A request of the program arrived (``arrival``: its queue time; ``prompt_tokens``:
+        its prompt, which the admission counts). ``parent``: the program this one works
+        for (a sub-agent's session). It is scheduled as part of that program: it inherits
+        the parent's first arrival (the parent waits on it, so it is as old as the
+        parent's work) and, on its first request, the parent's attained service, so it is
+        not a new program (no first-turn head start or reclaim: those are for new
+        sessions) and a session that fans out gets no larger share under service-based
+        orders."""
+        self._tenants[program_id] = tenant
+        if parent is not None and parent != program_id:
+            arrival = min(arrival, self.arrivals.first(parent, arrival))
+            if program_id not in self._tokens and parent in self._tokens:
+                self._tokens[program_id] = self._tokens[parent]
+                self._service[program_id] = self._service.get(parent, 0.0)
+        self.arrivals.observe(program_id, arrival)
+        self.tracker(tenant).arrived(program_id, now)
+        if self.admission is not None:
+            self.admission.arrived(program_id, prompt_tokens, now)
+
+    def admitted(self, program_id: str, now: float, seen: CacheSeen | None = None) -> Pin[H] | None:
+        """A request of the program was admitted: a live pin hands its blocks over
+        (returned, already ended as ``HIT``) and the tool call it returned from is complete.
+        ``seen``: what the host saw of the request's cache (hit tokens, block hashes or
+        the reusable prefix), for the turn's miss reason."""
+        return self.admit(program_id, now, seen)[0]
+
+    def admit(
+        self, program_id: str, now: float, seen: CacheSeen | None = None
+    ) -> tuple[Pin[H] | None, ReturningTurn | None]:
+        """:meth:`admitted`, also returning what the returning turn found of its previous
+        turn's cache (``None``: the request returns from no finished turn)."""
+        pin = self.pins.admitted(program_id)
+        tracker = self._tracker_of(program_id)
+        turn = tracker.returned(program_id, now, pin_held=pin is not None, seen=seen)
+        if turn is not None and turn.event is not None:
+            self.host.emit(turn.event)
+        return pin, turn
+
+    def finished(
+        self, turn: FinishedTurn, now: float, take: Callable[[], tuple[int, H]]
+    ) -> Finish[H]:
+        """A turn finished: end the program, or decide a TTL and pin what ``take()`` hands
+        over (``(blocks, handle)``; called only when the decision is to pin)."""
+        program = turn.program_id
+        tracker = self._tracker_of(program)
+        self._service[program] = self._service.get(program, 0.0) + turn.service_s
+        served = turn.context_tokens + turn.output_tokens
+        self._tokens[program] = self._tokens.get(program, 0.0) + served
+        if self.admission is not None and not turn.last_turn:
+            self.admission.finished(program, turn.context_tokens, now)
+        if turn.last_turn:
+            self.end_program(program, now)
+            return Finish()
+        if turn.tool is None or self.decider is None or not turn.pin:
+            cause = NotPinnedCause.CLIENT if not turn.pin else NotPinnedCause.TTL_ZERO
+            tracker.finished(
+                program, now, tool=turn.tool, tool_args=turn.tool_args, not_pinned=cause
+            )
+            return Finish()
+        decision = self.decider.decide(self._facts(turn, tracker), turn)
+        if turn.ttl_ceiling_s is not None and decision.ttl_s > turn.ttl_ceiling_s:
+            decision = replace(decision, ttl_s=turn.ttl_ceiling_s)
+        if decision.ttl_s <= 0:
+            tracker.finished(
+                program, now, tool=turn.tool, tool_args=turn.tool_args, basis=decision.basis
+            )
+            return Finish(decision=decision)
+        blocks, handle = take()
+        over = self.pins.pinned_blocks + blocks > self.pins.budget_blocks
+        result = self.pins.pin(
+            program,
+            blocks,
+            now,
+            decision.ttl_s,
+            return_probability=decision.return_probability,
+            benefit_s=decision.benefit_s,
+            basis=decision.basis,
+            handle=handle,
+            program_arrival=self.arrivals.first(program, now),
+            waiting_programs=self.host.waiting_programs() if over else (),
+        )
+        tracker.finished(
+            program,
+            now,
+            tool=turn.tool,
+            tool_args=turn.tool_args,
+            ttl_s=result.ttl_s if result.pinned else 0.0,
+            pinned=result.pinned,
+            basis=decision.basis,
+            not_pinned=NotPinnedCause.BUDGET,
+        )
+        return Finish(took=True, pinned=result.pinned, decision=decision, handle=handle)
+
+    def _facts(self, turn: FinishedTurn, tracker: ToolCallTracker) -> RequestFacts:
+        assert turn.tool is not None
+        waiting, free = self.load(turn.context_tokens)
+        return RequestFacts(
+            tool=turn.tool,
+            tool_args=turn.tool_args,
+            context_tokens=turn.context_tokens,
+            tenant=turn.tenant,
+            program_id=turn.program_id,
+            turns_served=tracker.turns_served(turn.program_id) + 1,
+            offload=self._cpu_tier,
+            offloaded_tokens=turn.offloaded_tokens if self._cpu_tier else None,
+            waiting_tokens=waiting,
+            free_tokens=free,
+        )
+
+    def load(self, context_tokens: int) -> tuple[int, int]:
+        """KV tokens the waiting requests still need (prompts less what their programs'
+        pins cover) and free KV tokens now: the load a pin is priced against.
+
+        The policy clamps (waiting − free) / context to at most 1, so the walk over the
+        queue stops once the sum passes free + context: a long queue under saturation
+        costs a few requests, not all of them, and the decision is the same.
+        """
+        free = self.host.free_tokens()
+        enough = free + context_tokens
+        waiting = 0
+        pins = self.pins
+        for program, tokens in self.host.waiting_requests():
+            pin = pins.get(program) if program is not None else None
+            waiting += max(0, tokens - (self.host.pinned_tokens(pin) if pin else 0))
+            if waiting > enough:
+                break
+        return waiting, free
+
+    def close(self, program_id: str) -> Pin[H] | None:
+        """A request of the program asked to release its session: its pin goes now
+        (``CLOSED``, returned); the host ends the program when that request finishes
+        (a turn with ``last_turn``), so nothing is pinned after it."""
+        return self.pins.release(program_id, ReleaseReason.CLOSED)
+
+    def end_program(self, program_id: str, now: float) -> None:
+        """The program ended: its pin goes, its last turn is counted, its state forgotten."""
+        self.pins.program_end(program_id)
+        tracker = self._tracker_of(program_id)
+        tracker.finished(program_id, now, tool=None)
+        event = tracker.program_end(program_id, now)
+        self._forget(program_id)
+        if event is not None:
+            self.host.emit(event)
+
+    def _forget(self, program_id: str) -> None:
+        self.arrivals.forget(program_id)
+        self._service.pop(program_id, None)
+        self._tokens.pop(program_id, None)
+        self._tenants.pop(program_id, None)
+        if self.admission is not None:
+            self.admission.ended(program_id)
+
+    # -- time and memory -----------------------------------------------------------------
+    def expire(self, now: float) -> list[Pin[H]]:
+        """Release the pins past their expiry whose program has no request waiting."""
+        if not self.pins.due(now):
+            return []
+        return [pin for pin, _ in self.pins.expire(now, self.host.waiting_programs())]
+
+    def relieve(
+        self,
+        needed_blocks: int,
+        requester: str | None,
+        *,
+        for_running: bool,
+        nothing_running: bool,
+        now: float,
+        fits: Callable[[], bool] | None = None,
+        waited_s: float = 0.0,
+    ) -> int:
+        """Release pins for a request that cannot get ``needed_blocks`` blocks, if the
+        pressure rule in force allows it: the victim strategy's pins in order (never the
+        requester's own), until ``fits()`` says the request fits (all chosen, without
+        ``fits``). Returns how many were released.
+
+        Where the running rule refuses a waiting request, ``first_turn_reclaim`` still
+        lets a new program's first turn (a program with nothing served yet) take the pins
+        whose expected loss (the latency their program would lose by a miss) is below
+        ``waited_s``, the time it has waited: past that point the newcomer has lost more by
+        waiting than the pin's program would lose, and with memory held by pins it has no
+        other way in. Only priced pins (a benefit B > 0) of programs with no request
+        waiting qualify; a request without a program (non-agent traffic) takes none."""
+        if not len(self.pins):
+            return 0
+        pins = [p for p in self.pins if p.program_id != requester]
+        if not may_release(
+            self._pressure, for_running=for_running, nothing_running=nothing_running
+        ):
+            if not (
+                self._pressure is PressureRule.RUNNING
+                and self.rules.first_turn_reclaim
+                and requester is not None
+                and self.attained_tokens(requester) == 0
+            ):
+                return 0
+            waiting = self.host.waiting_programs()
+            pins = [
+                p
+                for p in pins
+                if p.benefit_s > 0
+                and p.program_id not in waiting
+                and p.expected_loss_s(now) < waited_s
+            ]
+            if not pins:
+                return 0
+        released = 0
+        for victim in self._victims(pins, needed_blocks, now, self.host.waiting_programs()):
+            self.pins.release(victim.program_id, ReleaseReason.PRESSURE)
+            released += 1
+            if fits is not None and fits():
+                break
+        return released
+
+    def forget_idle(self, now: float, idle_s: float) -> list[str]:
+        """Forget programs whose tool call finished over ``idle_s`` ago without a return,
+        and report each one's end (the turns it was served). Returns their ids."""
+        ended: list[ProgramEndEvent] = []
+        for tracker in self._trackers.values():
+            ended += tracker.forget_idle(now, idle_s)
+        for event in ended:
+            self._forget(event.program_id)
+            self.host.emit(event)
+        return [event.program_id for event in ended]
+
+    def release_all(self, reason: ReleaseReason = ReleaseReason.SHUTDOWN) -> None:
+        """End every pin (prefix-cache reset, shutdown)."""
+        self.pins.release_all(reason)
+
+    def _released(self, pin: Pin[H], reason: ReleaseReason) -> None:
+        self.host.pin_released(pin, reason)
+        self._tracker_of(pin.program_id).pin_released(pin.program_id, reason)
+
+    def __repr__(self) -> str:
+        return f"PinController({self.rules!r}, pins={len(self.pins)}, tier={self._cpu_tier})"

@@ -1,0 +1,427 @@
+"""Every scheduling choice of the pin controller, its default and its help, in one place.
+
+:class:`SchedulingRules` is what both hosts of :class:`enginehook.core.lifecycle.PinController`
+run: the vLLM hook reads it from ``--additional-config`` (:class:`enginehook.core.config.HookConfig`
+embeds it) and the simulator's policies derive their parameters from it. Victim and
+ordering strategies are chosen by name from two registries (:data:`VICTIMS`,
+:data:`ORDERINGS`) so that every rule the simulator's ablation measures also runs in vLLM.
+
+>>> rules = SchedulingRules()
+>>> rules.in_force(cpu_tier=False), rules.in_force(cpu_tier=True)
+((<PressureRule.RUNNING: 'running'>, 0.0), (<PressureRule.ALWAYS: 'always'>, 0.0))
+>>> SchedulingRules.parse({"victim": "latest-arrival", "ttl_cap_s": "30"}).ttl_cap_s
+30.0
+>>> SchedulingRules(victim="newest")
+Traceback (most recent call last):
+...
+ValueError: victim must be one of: latest-arrival, latest-expiry, ..., lowest-loss; got 'newest'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from enginehook.core.admission import INTERVAL_S
+from enginehook.core.pins import Pin
+from enginehook.core.pressure import PressureRule, choose_victims, take_until_covered
+from estimator import DEFAULT_TTL_CAP_S
+
+__all__ = [
+    "ADMISSIONS",
+    "ORDERINGS",
+    "VICTIMS",
+    "OrderContext",
+    "OrderKey",
+    "SchedulingRules",
+    "VictimChoice",
+    "register_ordering",
+    "register_victims",
+]
+
+
+# -- victim strategies -------------------------------------------------------------------
+#: ``(pins, needed blocks, now, programs with a waiting request) -> pins to release, in
+#: order``. The host releases them in that order until its request fits.
+VictimChoice = Callable[[Sequence[Pin[Any]], int, float, Collection[str]], list[Pin[Any]]]
+
+VICTIMS: dict[str, VictimChoice] = {}
+
+
+F = TypeVar("F")
+
+
+def _registrar(registry: dict[str, F], what: str) -> Callable[[str], Callable[[F], F]]:
+    """A decorator factory that adds functions to ``registry`` under a unique name."""
+
+    def register(name: str) -> Callable[[F], F]:
+        def add(function: F) -> F:
+            if name in registry:
+                raise ValueError(f"{what} named {name!r} is already registered")
+            registry[name] = function
+            return function
+
+        return add
+
+    return register
+
+
+#: Decorator: make a victim strategy available to ``SchedulingRules.victim``.
+register_victims = _registrar(VICTIMS, "a victim strategy")
+
+
+@register_victims("lowest-loss")
+def _lowest_loss(
+    pins: Sequence[Pin[Any]], needed: int, now: float, waiting: Collection[str]
+) -> list[Pin[Any]]:
+    """Lowest expected loss first; pins of programs with a waiting request last."""
+    return choose_victims(pins, needed, now, waiting, allow_waiting=True)
+
+
+@register_victims("latest-arrival")
+def _latest_arrival(
+    pins: Sequence[Pin[Any]], needed: int, now: float, waiting: Collection[str]
+) -> list[Pin[Any]]:
+    """The paper: the program that arrived last goes first."""
+    order = sorted(pins, key=lambda p: (-p.program_arrival, p.program_id))
+    return take_until_covered(order, needed)
+
+
+@register_victims("least-recent")
+def _least_recent(
+    pins: Sequence[Pin[Any]], needed: int, now: float, waiting: Collection[str]
+) -> list[Pin[Any]]:
+    """LRU: the pin made longest ago goes first (SGLang's radix cache evicts the least
+    recently used referenced entries once no unreferenced entry is left)."""
+    order = sorted(pins, key=lambda p: (p.pinned_at, p.program_id))
+    return take_until_covered(order, needed)
+
+
+@register_victims("latest-expiry")
+def _latest_expiry(
+    pins: Sequence[Pin[Any]], needed: int, now: float, waiting: Collection[str]
+) -> list[Pin[Any]]:
+    """The authors' preview code: one pin per attempt, the one that would expire last."""
+    return [max(pins, key=lambda p: (p.expires_at, p.program_id))] if pins else []
+
+
+# -- orderings -------------------------------------------------------------------------
+class OrderContext(Protocol):
+    """What an ordering may ask the controller about a program."""
+
+    def pinned(self, program_id: str | None) -> bool: ...
+    def first_arrival(self, program_id: str | None, default: float) -> float: ...
+    def attained_service(self, program_id: str | None) -> float: ...
+    def attained_tokens(self, program_id: str | None) -> float: ...
+    @property
+    def order_window_s(self) -> float: ...
+    @property
+    def first_turn_head_start_s(self) -> float: ...
+    @property
+    def first_turn_over_pins(self) -> bool: ...
+
+
+#: ``(context, priority, preempted, program id, arrival, request id) -> sort key``
+#: (smaller goes first). ``priority`` is the request's own (vLLM's ``--scheduling-policy
+#: priority``; 0 otherwise) and comes first in every ordering.
+OrderKey = Callable[[OrderContext, int, bool, "str | None", float, str], tuple[Any, ...]]
+
+ORDERINGS: dict[str, OrderKey] = {}
+
+
+#: Decorator: make a waiting-queue ordering available to ``SchedulingRules.ordering``.
+register_ordering = _registrar(ORDERINGS, "an ordering")
+
+
+@register_ordering("fcfs")
+def _fcfs(
+    ctx: OrderContext, priority: int, preempted: bool, program: str | None, t: float, rid: str
+) -> tuple[Any, ...]:
+    """vLLM: preempted first, then request arrival."""
+    return (priority, 0 if preempted else 1, t, rid)
+
+
+@register_ordering("program-fcfs")
+def _program_fcfs(
+    ctx: OrderContext, priority: int, preempted: bool, program: str | None, t: float, rid: str
+) -> tuple[Any, ...]:
+    """Preempted first, then the program's first arrival (a program keeps its place)."""
+    return (priority, 0 if preempted else 1, ctx.first_arrival(program, t), t, rid)
+
+
+@register_ordering("program")
+def _program(
+    ctx: OrderContext, priority: int, preempted: bool, program: str | None, t: float, rid: str
+) -> tuple[Any, ...]:
+    """The paper's: preempted, then programs holding a live pin, then program arrival
+    (with a returning turn's head start bounded by ``order_window_s`` when > 0, and a new
+    program's first turn ordered ``first_turn_head_start_s`` before its arrival; with
+    ``first_turn_over_pins`` new programs' first turns go ahead of the pinned ones too)."""
+    first = ctx.first_arrival(program, t)
+    window = ctx.order_window_s
+    if window > 0:
+        first = max(first, t - window)
+    head = ctx.first_turn_head_start_s
+    new = ctx.attained_tokens(program) == 0  # nothing served yet: a new program
+    if new and ctx.first_turn_over_pins:
+        return (priority, 0 if preempted else 1, -1, t, t, rid)
+    if head > 0 and new:
+        first -= head
+    return (priority, 0 if preempted else 1, 0 if ctx.pinned(program) else 1, first, t, rid)
+
+
+@register_ordering("pinned-program")
+def _pinned_program(
+    ctx: OrderContext, priority: int, preempted: bool, program: str | None, t: float, rid: str
+) -> tuple[Any, ...]:
+    """The authors' preview code: pinned programs first, then program arrival (no
+    preempted-first)."""
+    return (priority, 0 if ctx.pinned(program) else 1, ctx.first_arrival(program, t), t, rid)
+
+
+#: Attained-service levels of :func:`_plas` (seconds of model time; Autellix's PLAS).
+PLAS_THRESHOLDS_S = (1.0, 3.0, 7.0)
+
+
+@register_ordering("plas")
+def _plas(
+    ctx: OrderContext, priority: int, preempted: bool, program: str | None, t: float, rid: str
+) -> tuple[Any, ...]:
+    """Program-level least attained service, discretised into the levels of
+    :data:`PLAS_THRESHOLDS_S`; FCFS within a level."""
+    service = ctx.attained_service(program)
+    level = sum(1 for threshold in PLAS_THRESHOLDS_S if service >= threshold)
+    return (priority, 0 if preempted else 1, level, t, rid)
+
+
+@register_ordering("las")
+def _las(
+    ctx: OrderContext, priority: int, preempted: bool, program: str | None, t: float, rid: str
+) -> tuple[Any, ...]:
+    """llm-d's ``program-aware-fairness`` (EPP v0.9.0, strategy ``las``): the program with
+    the least attained service goes first, service counted in weighted tokens of its
+    finished requests (prompt + 2 × output); the oldest head-of-queue request breaks ties
+    (its 0.2 head-wait weight, which its README calls the cold-start tiebreaker).
+    Preempted requests first, as the vLLM engine behind the router does."""
+    return (priority, 0 if preempted else 1, ctx.attained_tokens(program), t, rid)
+
+
+@register_ordering("pinned-las")
+def _pinned_las(
+    ctx: OrderContext, priority: int, preempted: bool, program: str | None, t: float, rid: str
+) -> tuple[Any, ...]:
+    """Pins with least attained service: preempted, then programs holding a live pin (their
+    blocks are already held, admitting them costs no memory), then :func:`_las`'s order, so
+    a new program (no service yet) goes ahead of every returning turn whose pin is gone."""
+    pinned = 0 if ctx.pinned(program) else 1
+    return (priority, 0 if preempted else 1, pinned, ctx.attained_tokens(program), t, rid)
+
+
+#: Program-level admission strategies (``SchedulingRules.admission``).
+ADMISSIONS = ("none", "thunderagent")
+
+
+# -- the rules ----------------------------------------------------------------------------
+def _check_seconds(name: str, value: Any, *, finite: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if value < 0 or (finite and math.isinf(value)):
+        bound = "a finite number >= 0" if finite else "a number >= 0"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    return float(value)
+
+
+def _check_name(name: str, value: Any, registry: Mapping[str, Any]) -> str:
+    if value not in registry:
+        raise ValueError(f"{name} must be one of: {', '.join(sorted(registry))}; got {value!r}")
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingRules:
+    """The scheduling rules around the pin table (frozen; compare and hash freely).
+
+    ``tier_pressure`` / ``tier_order_window_s`` replace ``pressure`` / ``order_window_s``
+    while a CPU tier holds a copy of the KV (a released pin then costs a reload, and program
+    order would mostly move the queue onto new programs); ``None`` keeps the untiered value.
+    """
+
+    pressure: PressureRule = field(
+        default=PressureRule.RUNNING,
+        metadata={
+            "help": "when a failed allocation may release pins: running (only for running or "
+            "preempted work, or an idle engine), always, never"
+        },
+    )
+    tier_pressure: PressureRule | None = field(
+        default=PressureRule.ALWAYS,
+        metadata={"help": "pressure while a CPU tier is on (unset: pressure)"},
+    )
+    ordering: str = field(
+        default="program", metadata={"help": "order of the waiting queue (ORDERINGS)"}
+    )
+    order_window_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "a returning turn overtakes only requests that arrived less than this "
+            "before it (0: no bound, the paper's order)"
+        },
+    )
+    tier_order_window_s: float | None = field(
+        default=None,
+        metadata={"help": "order_window_s while a CPU tier is on (unset: order_window_s)"},
+    )
+    first_turn_head_start_s: float = field(
+        default=math.inf,
+        metadata={
+            "help": "the program ordering places a new program's first turn as if the program "
+            "had arrived this much earlier (inf: before every returning turn; 0: the paper)"
+        },
+    )
+    first_turn_reclaim: bool = field(
+        default=True,
+        metadata={
+            "help": "under the running rule, a new program's first turn may release a priced "
+            "pin once it has waited longer than the pin's expected loss (the latency the "
+            "pin's program would lose); off: only running or preempted work releases pins"
+        },
+    )
+    first_turn_over_pins: bool = field(
+        default=False,
+        metadata={
+            "help": "the program ordering places every new program's first turn ahead of "
+            "every returning turn, those holding a live pin included (only preempted work "
+            "goes first; the head start then orders nothing): the fair end of the frontier"
+        },
+    )
+    budget_share: float = field(
+        default=1.0, metadata={"help": "share of the KV pool pins may hold at once"}
+    )
+    ttl_cap_s: float = field(
+        default=DEFAULT_TTL_CAP_S, metadata={"help": "hard cap on any TTL, seconds (inf: none)"}
+    )
+    victim: str = field(
+        default="lowest-loss",
+        metadata={"help": "which pins go first under memory pressure (VICTIMS)"},
+    )
+    admission: str = field(
+        default="none",
+        metadata={
+            "help": "program-level admission: none, or thunderagent (pause and resume whole "
+            "programs at tool boundaries so admitted programs' KV fits; enginehook.core.admission)"
+        },
+    )
+    admission_interval_s: float = field(
+        default=INTERVAL_S,
+        metadata={"help": "period of the admission's pause/resume check, seconds"},
+    )
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "pressure", _rule_value("pressure", self.pressure))
+        if self.tier_pressure is not None:
+            set_(self, "tier_pressure", _rule_value("tier_pressure", self.tier_pressure))
+        set_(self, "ordering", _check_name("ordering", self.ordering, ORDERINGS))
+        set_(self, "victim", _check_name("victim", self.victim, VICTIMS))
+        set_(self, "admission", _check_name("admission", self.admission, dict.fromkeys(ADMISSIONS)))
+        interval = _check_seconds("admission_interval_s", self.admission_interval_s)
+        if interval <= 0:
+            raise ValueError(f"admission_interval_s must be > 0, got {interval!r}")
+        set_(self, "admission_interval_s", interval)
+        set_(self, "order_window_s", _check_seconds("order_window_s", self.order_window_s))
+        if self.tier_order_window_s is not None:
+            window = _check_seconds("tier_order_window_s", self.tier_order_window_s)
+            set_(self, "tier_order_window_s", window)
+        set_(self, "ttl_cap_s", _check_seconds("ttl_cap_s", self.ttl_cap_s, finite=False))
+        head = _check_seconds("first_turn_head_start_s", self.first_turn_head_start_s, finite=False)
+        set_(self, "first_turn_head_start_s", head)
+        for flag in _FLAGS:
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
+        share = self.budget_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+            raise ValueError(f"budget_share must be in [0, 1], got {share!r}")
+        set_(self, "budget_share", float(share))
+
+    def in_force(self, cpu_tier: bool) -> tuple[PressureRule, float]:
+        """``(pressure rule, order window s)`` with or without a CPU tier."""
+        pressure, window = self.pressure, self.order_window_s
+        if cpu_tier:
+            if self.tier_pressure is not None:
+                pressure = self.tier_pressure
+            if self.tier_order_window_s is not None:
+                window = self.tier_order_window_s
+        return pressure, window
+
+    def replace(self, **changes: Any) -> SchedulingRules:
+        """A copy with ``changes`` (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The rule names, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """Each rule's help text."""
+        return {f.name: str(f.metadata["help"]) for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any], base: SchedulingRules | None = None) -> Any:
+        """``base`` (default: the defaults) with ``values`` applied; values may be text
+        (``"always"``, ``"30"``, ``"inf"``, ``"none"`` for the tier rules). Unknown names
+        are an error that lists the valid ones."""
+        valid = cls.names()
+        changes: dict[str, Any] = {}
+        for key, value in values.items():
+            if key not in valid:
+                raise ValueError(f"unknown scheduling rule {key!r}; valid: {', '.join(valid)}")
+            changes[key] = _from_text(key, value) if isinstance(value, str) else value
+        return dataclasses.replace(base or cls(), **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (enums by value), e.g. for JSON."""
+        out: dict[str, Any] = {}
+        for name in self.names():
+            value = getattr(self, name)
+            out[name] = value.value if isinstance(value, PressureRule) else value
+        return out
+
+
+#: The rules that are true or false.
+_FLAGS = ("first_turn_reclaim", "first_turn_over_pins")
+
+
+def _rule_value(name: str, value: Any) -> PressureRule:
+    if isinstance(value, PressureRule):
+        return value
+    if isinstance(value, str):
+        try:
+            return PressureRule.parse(value)
+        except ValueError:
+            pass
+    valid = ", ".join(r.value for r in PressureRule)
+    raise ValueError(f"{name} must be one of: {valid}; got {value!r}")
+
+
+def _from_text(name: str, text: str) -> Any:
+    """A rule's value from its text form."""
+    if name in ("tier_pressure", "tier_order_window_s") and text.strip().lower() == "none":
+        return None
+    if name in _FLAGS:
+        flag = text.strip().lower()
+        if flag in ("1", "true", "on", "yes"):
+            return True
+        if flag in ("0", "false", "off", "no"):
+            return False
+        raise ValueError(f"{name} must be one of: 0, 1, true, false, on, off; got {text!r}")
+    if name.endswith("_s") or name == "budget_share":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {text!r}") from None
+    return text.strip()

@@ -1,0 +1,423 @@
+"""Session ids as agent stacks send them, and KV-hint envelopes in HTTP bodies, for vLLM's
+OpenAI server: ``vllm serve ... --middleware enginehook.sessions.SessionIdMiddleware``.
+
+The hook takes a request's program id from vLLM's ``Request.session_id``, which vLLM
+resolves itself from the body's ``session_id``, then the ``X-Session-ID`` header, then
+``vllm_xargs.session_id``. Agent stacks name it otherwise; the middleware recognises, in
+this order (:data:`SOURCES`), the first one present winning:
+
+1. body ``session_id`` (vLLM's own; chat, completions, responses);
+2. header ``X-Session-ID`` (vLLM's own; also what OpenCode sends);
+3. body ``vllm_xargs.session_id`` (vLLM's own);
+4. header ``X-Dynamo-Session-ID`` (NVIDIA Dynamo's canonical session header);
+5. header ``X-Claude-Code-Session-Id`` (Claude Code; llm-d's ``agent-identity`` plugin has
+   no header of its own, it reads the agents' native ones such as this);
+6. header ``Session-Id`` (the Codex CLI on the Responses API, and pi);
+7. header ``session_id`` (older Codex CLIs; proxies such as nginx drop header names with
+   underscores unless told otherwise);
+8. body ``prompt_cache_key`` (OpenAI's): last, because it is a cache key that several
+   sessions may share on purpose (one key per prompt template), so it is only a fallback.
+
+vLLM's own three come first so that the middleware never changes what vLLM would decide
+(but for the sub-agent qualifier below); then the headers a router or an agent sets for
+session identity; the cache key last. When the winner is not one of vLLM's own, the
+middleware hands it to vLLM unchanged: a header's bytes as ``X-Session-ID``,
+``prompt_cache_key`` as ``vllm_xargs.session_id`` (a JSON string, so any text survives).
+The winning id must be 1..256 characters without control characters (the control plane's
+program-id limit); otherwise the answer is HTTP 400 naming the header or field. Ids that
+do not win are not looked at.
+
+Sub-agents (:data:`AGENT_HEADERS`): Claude Code sends its sub-agents' requests (the Agent
+or Task tool) with the parent's ``X-Claude-Code-Session-Id`` and the sub-agent's own
+``X-Claude-Code-Agent-Id``. Each is its own conversation over its own prefix, so when the
+winning id is that session's, the program is ``<session id>/<agent id>``: the parent and
+each sub-agent get their own pin, their own turns and their own tool-call durations (the
+parent's Agent call lasts as long as the sub-agent's whole run). Under one program, every
+sub-agent's turn would replace the pin its siblings and parent are about to return to.
+The qualified id is handed to vLLM where it reads first (the body's ``session_id`` or
+``vllm_xargs.session_id`` when one of those won, else ``X-Session-ID``) and obeys the same
+limits (HTTP 400 naming the agent header). The session's own id goes along as
+``vllm_xargs.parent_session_id``: the sub-agent is scheduled as part of its parent (its
+place in the program order and its attained service; the parent waits on it), where it
+would otherwise queue as a new program. Sub-agents that run in a session of their own
+name their parent in ``X-Parent-Session-ID`` (:data:`PARENT_HEADER`; agent gateways and
+OpenCode plugins send it); it becomes the same hint, checked like a session id.
+
+A body's ``kv_hints`` (a ``KvHintsEnvelope`` as a JSON object, SGLang's and Dynamo's
+field) is checked (:func:`controlplane.kvhints.parse_kv_hints`; HTTP 400 with the field path
+when malformed) and moved into ``vllm_xargs`` under :data:`controlplane.kvhints.XARGS_KEY`
+as JSON text, which vLLM 0.32 carries to the engine (``vllm_xargs`` values may be
+strings) while it does not carry ``kv_hints``. An envelope already given as that key's
+text is checked the same way; given both, the body's ``kv_hints`` wins.
+
+``X-Dynamo-Session-Final: true`` (Dynamo's mark of a session's last request, sent so that
+per-session state can be released at once) becomes the flat ``release`` hint in
+``vllm_xargs``: the session's pin goes when the request arrives (an envelope's ``release``
+still wins over it, as over every flat hint).
+
+Only ``POST`` to :data:`PATHS` is looked at. A body over ``max_body_bytes`` (default
+32 MiB), one that is not a JSON object, and every other request pass through untouched.
+Unit-testable without vLLM (plain ASGI).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.kvhints import XARGS_KEY, parse_kv_hints
+
+__all__ = [
+    "AGENT_HEADERS",
+    "FINAL_HEADER",
+    "MAX_SESSION_ID",
+    "PARENT_HEADER",
+    "PATHS",
+    "SOURCES",
+    "MalformedRequestError",
+    "SessionChoice",
+    "SessionIdMiddleware",
+    "carry_kv_hints",
+    "choose_session",
+    "parent_session",
+    "session_final",
+]
+
+logger = logging.getLogger("enginehook")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Endpoints whose body is read, and whether vLLM reads a body ``session_id`` there.
+PATHS = {
+    "/v1/chat/completions": True,
+    "/v1/completions": True,
+    "/v1/responses": True,
+    "/v1/messages": False,
+}
+#: The session-id sources in precedence order: ``(kind, name, vLLM's own)``.
+SOURCES = (
+    ("body", "session_id", True),
+    ("header", "x-session-id", True),
+    ("body", "vllm_xargs.session_id", True),
+    ("header", "x-dynamo-session-id", False),
+    ("header", "x-claude-code-session-id", False),
+    ("header", "session-id", False),
+    ("header", "session_id", False),
+    ("body", "prompt_cache_key", False),
+)
+#: ``(sub-agent header, the session header it qualifies)``: a request carrying both, whose
+#: winning session id is that session header's, belongs to program ``<session>/<agent>``.
+AGENT_HEADERS = (("x-claude-code-agent-id", "x-claude-code-session-id"),)
+#: The header naming the session a sub-agent's own session works for.
+PARENT_HEADER = "x-parent-session-id"
+#: Dynamo's header for a session's last request.
+FINAL_HEADER = "x-dynamo-session-final"
+#: The longest session id accepted (the control plane's program-id limit).
+MAX_SESSION_ID = 256
+_MAX_BODY = 32 * 1024 * 1024
+#: Names that are both a header source and a body field: errors say "header <name>".
+_AMBIGUOUS = {n for k, n, _ in SOURCES if k == "header"} & {n for k, n, _ in SOURCES if k == "body"}
+
+
+class MalformedRequestError(ValueError):
+    """A request the middleware refuses (HTTP 400); ``field`` names the header or field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        """``message``: what is wrong (prefixed with ``field`` unless it names it first)."""
+        super().__init__(message if message.startswith(field) else f"{field} {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class SessionChoice:
+    """The winning session id (qualified by a sub-agent's id when ``agent`` names the
+    header that gave it), where it came from (a header or a body field), and whether vLLM
+    reads it itself."""
+
+    session_id: str
+    source: str
+    vllm_reads: bool
+    header: bool
+    agent: str | None = None
+
+
+def _check(source: str, value: str) -> str:
+    if len(value) > MAX_SESSION_ID:
+        limit = f"must be at most {MAX_SESSION_ID} characters, got {len(value)}"
+        raise MalformedRequestError(source, limit)
+    bad = next((c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F), None)
+    if bad is not None:
+        raise MalformedRequestError(source, f"must not contain control characters, got {bad!r}")
+    return value
+
+
+def _body_value(body: Mapping[str, Any] | None, name: str) -> Any:
+    value: Any = body
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def choose_session(
+    headers: Mapping[str, str], body: Mapping[str, Any] | None, path: str = "/v1/chat/completions"
+) -> SessionChoice | None:
+    """The first session id present among :data:`SOURCES` (``headers``: lower-case names;
+    ``body``: the parsed JSON body, ``None`` if not read), checked; ``None`` when there is
+    none. Raises :class:`MalformedRequestError` naming the source of a malformed winner.
+
+    >>> choice = choose_session({"x-dynamo-session-id": "run-1"}, {"prompt_cache_key": "k"})
+    >>> choice.session_id, choice.source, choice.vllm_reads, choice.header
+    ('run-1', 'x-dynamo-session-id', False, True)
+    >>> choose_session({"x-session-id": "a" * 300}, None)
+    Traceback (most recent call last):
+    ...
+    enginehook...MalformedRequestError: x-session-id must be at most 256 characters, got 300
+    >>> sub = {"x-claude-code-session-id": "run-1", "x-claude-code-agent-id": "explore-2"}
+    >>> choose_session(sub, {}).session_id
+    'run-1/explore-2'
+    """
+    for kind, name, own in SOURCES:
+        if kind == "header":
+            value: Any = headers.get(name)
+        elif name == "session_id" and not PATHS.get(path, True):
+            continue  # vLLM reads no body session_id there
+        else:
+            value = _body_value(body, name)
+        if isinstance(value, str) and value:
+            return _qualified(
+                SessionChoice(_check(_where(kind, name), value), name, own, kind == "header"),
+                headers,
+            )
+    return None
+
+
+def _where(kind: str, name: str) -> str:
+    """How an error names a source (``header session_id`` is not the body's field)."""
+    return f"header {name}" if kind == "header" and name in _AMBIGUOUS else name
+
+
+def _qualified(choice: SessionChoice, headers: Mapping[str, str]) -> SessionChoice:
+    """``choice`` as a sub-agent's program when a sub-agent header qualifies its session."""
+    for agent_header, session_header in AGENT_HEADERS:
+        agent = headers.get(agent_header)
+        if agent and headers.get(session_header) == choice.session_id:
+            _check(agent_header, agent)
+            qualified = f"{choice.session_id}/{agent}"
+            if len(qualified) > MAX_SESSION_ID:
+                limit = f"makes the program id {len(qualified)} characters, over {MAX_SESSION_ID}"
+                raise MalformedRequestError(agent_header, limit)
+            return SessionChoice(qualified, choice.source, False, choice.header, agent_header)
+    return choice
+
+
+def parent_session(headers: Mapping[str, str], choice: SessionChoice | None) -> str | None:
+    """The program the chosen session works for: a qualified sub-agent's own session, else
+    :data:`PARENT_HEADER` when it names another session (``None``: none, or no session).
+
+    >>> sub = {"x-claude-code-session-id": "run-1", "x-claude-code-agent-id": "explore-2"}
+    >>> parent_session(sub, choose_session(sub, {}))
+    'run-1'
+    >>> child = {"x-session-id": "child-7", "x-parent-session-id": "run-1"}
+    >>> parent_session(child, choose_session(child, {}))
+    'run-1'
+    """
+    if choice is None:
+        return None
+    if choice.agent is not None:
+        return headers[dict(AGENT_HEADERS)[choice.agent]]
+    parent = headers.get(PARENT_HEADER)
+    if not parent or parent == choice.session_id:
+        return None
+    return _check(PARENT_HEADER, parent)
+
+
+def session_final(headers: Mapping[str, str]) -> bool:
+    """Whether ``X-Dynamo-Session-Final`` marks this request as its session's last (then
+    it carries the flat ``release`` hint: the session closes when the request arrives).
+    Raises :class:`MalformedRequestError` for a value other than true/false/1/0."""
+    value = headers.get(FINAL_HEADER, "").strip().lower()
+    if value not in ("", "true", "false", "1", "0"):
+        raise MalformedRequestError(FINAL_HEADER, f"must be true or false, got {value!r}")
+    return value in ("true", "1")
+
+
+def carry_kv_hints(body: dict[str, Any]) -> bool:
+    """Check the body's envelope and move it into ``vllm_xargs`` (in place); ``True`` when
+    the body changed. Raises :class:`MalformedRequestError` naming the field path."""
+    xargs = body.get("vllm_xargs")
+    if xargs is not None and not isinstance(xargs, dict):
+        if "kv_hints" not in body:
+            return False  # vLLM answers for its own field
+        raise MalformedRequestError("vllm_xargs", "must be an object to carry kv_hints")
+    carried = (xargs or {}).get(XARGS_KEY)
+    if "kv_hints" not in body:
+        if carried is not None:
+            _checked_envelope(carried, f"vllm_xargs.{XARGS_KEY}")
+        return False
+    envelope = body.pop("kv_hints")
+    if envelope is None:
+        return True
+    _checked_envelope(envelope, "kv_hints")
+    xargs = body["vllm_xargs"] = dict(xargs or {})
+    xargs[XARGS_KEY] = json.dumps(envelope, separators=(",", ":"))
+    return True
+
+
+def _checked_envelope(envelope: Any, where: str) -> None:
+    if where == "kv_hints" and not isinstance(envelope, Mapping):
+        raise MalformedRequestError(where, f"must be an object, got {envelope!r}")
+    try:
+        parse_kv_hints(envelope, where)
+    except ValueError as exc:
+        raise MalformedRequestError(where, str(exc)) from None
+
+
+class SessionIdMiddleware:
+    """ASGI middleware: session ids from agent stacks' headers and fields, KV-hint
+    envelopes from bodies (see the module docstring)."""
+
+    def __init__(self, app: App, max_body_bytes: int = _MAX_BODY) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._looks_at(scope):
+            await self.app(scope, receive, send)
+            return
+        messages, raw = await self._read(receive)
+        body = _json_object(raw)
+        if raw is None or body is None:
+            await self.app(scope, _replay(messages, receive), send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            changed = carry_kv_hints(body)
+            choice = choose_session(headers, body, scope["path"])
+            final = session_final(headers)
+            parent = parent_session(headers, choice)
+        except MalformedRequestError as exc:
+            await _bad_request(send, exc)
+            return
+        header = None  # the X-Session-ID to send in place of the request's
+        if choice is not None and not choice.vllm_reads:
+            if choice.source == "session_id" and not choice.header:  # vLLM's own, qualified
+                body["session_id"], changed = choice.session_id, True
+            elif choice.header:
+                header = choice.session_id.encode("latin-1")  # the header's bytes, as received
+            else:
+                changed = _set_xargs(body, "session_id", choice.session_id) or changed
+        if final:
+            changed = _set_xargs(body, "release", True) or changed
+        if parent is not None:
+            changed = _set_xargs(body, "parent_session_id", parent) or changed
+        if not (changed or header):
+            await self.app(scope, _replay(messages, receive), send)
+            return
+        if changed:
+            raw = json.dumps(body).encode()
+        scope = dict(scope)
+        scope["headers"] = _headers(scope["headers"], len(raw), header)
+        await self.app(scope, _replay([_body_message(raw)], receive), send)
+
+    def _looks_at(self, scope: Scope) -> bool:
+        if scope.get("type") != "http" or scope.get("method") != "POST":
+            return False
+        if scope.get("path") not in PATHS:
+            return False
+        for name, value in scope.get("headers", ()):
+            if name.lower() == b"content-length":
+                try:
+                    return int(value) <= self.max_body_bytes
+                except ValueError:
+                    return False
+        return True
+
+    async def _read(self, receive: Receive) -> tuple[list[Message], bytes | None]:
+        """The request's messages as received, and its whole body (``None``: over the
+        limit or the client left; the messages are then replayed untouched)."""
+        messages: list[Message] = []
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message.get("type") != "http.request":
+                return messages, None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                logger.debug("session ids: body over %d bytes passes untouched", size)
+                return messages, None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return messages, b"".join(chunks)
+
+
+def _json_object(raw: bytes | None) -> dict[str, Any] | None:
+    if not raw:
+        return None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None  # vLLM answers for a body it cannot parse
+    return body if isinstance(body, dict) else None
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
+
+
+def _body_message(raw: bytes) -> Message:
+    return {"type": "http.request", "body": raw, "more_body": False}
+
+
+def _set_xargs(body: dict[str, Any], key: str, value: Any) -> bool:
+    xargs = body.get("vllm_xargs")
+    if xargs is not None and not isinstance(xargs, dict):
+        return False  # vLLM answers for its own field
+    body["vllm_xargs"] = {**(xargs or {}), key: value}
+    return True
+
+
+def _headers(
+    headers: list[tuple[bytes, bytes]], length: int, session: bytes | None
+) -> list[tuple[bytes, bytes]]:
+    """The headers with the body's new length and, given ``session``, that X-Session-ID
+    (the request's own, if any, dropped)."""
+    drop = {b"content-length", b"transfer-encoding"} | ({b"x-session-id"} if session else set())
+    out = [(k, v) for k, v in headers if k.lower() not in drop]
+    out.append((b"content-length", str(length).encode()))
+    if session is not None:
+        out.append((b"x-session-id", session))
+    return out
+
+
+async def _bad_request(send: Send, exc: MalformedRequestError) -> None:
+    """HTTP 400 in the OpenAI error shape vLLM uses (``error.message`` names the field)."""
+    error = {"message": str(exc), "type": "BadRequestError", "param": exc.field, "code": 400}
+    payload = json.dumps({"error": error}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 400,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})

