@@ -23,7 +23,7 @@ from simulator.policies import SchedulingPolicy, get_scheduling_policy
 from simulator.steptime import StepTimer
 from simulator.trace import Program
 
-__all__ = ["PinHandle", "ProgramResult", "RunResult", "Simulation", "simulate"]
+__all__ = ["PinHandle", "ProgramResult", "ProgramState", "RunResult", "Simulation", "simulate"]
 
 #: What the simulator stores with a pin: the program's full blocks it caches.
 PinHandle = int
@@ -72,6 +72,10 @@ class _State:
     first_wait: float = math.nan
 
 
+#: A program's progress (next turn, context so far), shared by the engines it visits.
+ProgramState = _State
+
+
 class _Arrival(Event):
     __slots__ = ("sim", "state")
 
@@ -118,15 +122,17 @@ class Simulation:
         config: EngineConfig | None = None,
         on_program_end: Callable[[ProgramResult], None] | None = None,
         timer: StepTimer | None = None,
+        loop: EventLoop | None = None,
     ) -> None:
         """``hardware``: a profile name or a :class:`HardwareProfile` (e.g. one fitted to
-        a measured engine); ``timer`` replaces the roofline step-time model."""
+        a measured engine); ``timer`` replaces the roofline step-time model; ``loop``
+        shares one event loop between several engines (a cluster)."""
         self.programs = programs
         self.policy = policy
         self.config = config or EngineConfig()
         profile = get_profile(hardware) if isinstance(hardware, str) else hardware
         self.timer = timer or StepTimer(profile)
-        self.loop = EventLoop()
+        self.loop = loop if loop is not None else EventLoop()
         victim = self._lowest_ranked if policy.preempt_by_order else None
         self.engine = Engine(self.config, self.timer, self._key, self, victim)
         policy.bind(profile, self.engine.cpu is not None)
@@ -266,7 +272,12 @@ class Simulation:
         if turn.tool is None:
             self._record(state, now)
             return
-        self.loop.schedule(_Arrival(now + turn.tool_duration_s, self, state))
+        self.schedule_return(state, now + turn.tool_duration_s)
+
+    def schedule_return(self, state: _State, at: float) -> None:
+        """The program's next turn arrives at ``at`` (here, on this engine; a cluster
+        routes it instead)."""
+        self.loop.schedule(_Arrival(at, self, state))
 
     def _record(self, state: _State, now: float) -> None:
         program = state.program
