@@ -193,7 +193,9 @@ def get_workload(name: str) -> WorkloadSpec:
     try:
         return WORKLOADS[name]
     except KeyError:
-        valid = ", ".join(sorted(WORKLOADS))
+        from simulator.families import FAMILIES
+
+        valid = ", ".join([*sorted(WORKLOADS), *FAMILIES])
         raise ValueError(f"unknown workload {name!r}; valid: {valid}") from None
 
 
@@ -233,18 +235,27 @@ def generate(
     turn_scale: int = 1,
 ) -> list[Program]:
     """``programs`` programs of workload ``name`` with Poisson arrivals at ``rate``/s.
+    ``name`` may also be a generalisation family, ``NAME`` or ``NAME(key=value,...)``
+    (simulator/families.py).
 
     >>> ps = generate("swe", 3, rate=0.1, seed=1)
     >>> [p.program_id for p in ps], ps[0].turns[0].tool
     (['swe-0', 'swe-1', 'swe-2'], 'bash')
     """
-    spec = get_workload(name)
+    from simulator.families import FAMILIES, generate_family, is_family
+
     if isinstance(programs, bool) or not isinstance(programs, int) or programs < 1:
         raise ValueError(f"programs must be an integer >= 1, got {programs!r}")
-    rng = random.Random(f"{name}:programs:{seed}")
-    drawn = [_program(spec, i, rng) for i in range(programs)]
+    if is_family(name):
+        drawn = generate_family(name, programs, seed)
+        default_rate = FAMILIES[name.split("(")[0].strip()].default_rate
+    else:
+        spec = get_workload(name)
+        rng = random.Random(f"{name}:programs:{seed}")
+        drawn = [_program(spec, i, rng) for i in range(programs)]
+        default_rate = spec.default_rate
     drawn = [scale_turns(p, turn_scale) for p in drawn]
-    return redraw_arrivals(drawn, spec.default_rate if rate is None else rate, seed)
+    return redraw_arrivals(drawn, default_rate if rate is None else rate, seed)
 
 
 def stats(programs: Sequence[Program], first_word: Callable[[Turn], str]) -> dict[str, float]:

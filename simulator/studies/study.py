@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.engine import EngineConfig
+from simulator.families import study_workloads
 from simulator.metrics import PolicyMetrics, isolated_jct
 from simulator.policies import BASE, IMPROVEMENTS
 from simulator.studies.bench import rate_for_slowdown
@@ -129,6 +130,7 @@ WORKLOADS: dict[str, Callable[[int, int], list[Program]]] = {
     "swe-minutes": lambda n, s: minutes(generate("swe", n, seed=s), s),
     "swe-short": lambda n, s: short_tools(generate("swe", n, seed=s, turn_scale=3)),
     "swe-tenants": lambda n, s: tenants(generate("swe", n, seed=s)),
+    **study_workloads(),  # the generalisation families (simulator/families.py)
 }
 
 
