@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,3 +40,227 @@ def test_no_function_over_60_lines() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines}")
     assert long == []
+
+
+# --- Layering: which part of the house may import which --------------------------------------
+#
+# Every module belongs to the first part whose prefixes match its dotted name (a prefix is a
+# module or a package: ``controlplane.rpc`` holds ``controlplane.rpc.server``). A part may
+# import itself, the parts in ``may_import`` and any outside library except those in
+# ``forbid``. Imports are read with ``ast``: module level, inside functions, under
+# ``TYPE_CHECKING`` and ``importlib.import_module("literal")`` all count.
+
+LAYER_PACKAGES = ("estimator", "controlplane", "enginehook", "simulator")
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    prefixes: tuple[str, ...]
+    may_import: tuple[str, ...]
+    forbid: tuple[str, ...] = ()
+
+
+_VOCABULARY = ("records", "errors", "kvhints", "wire", "_resources", "_gen")
+_DOMAIN = ("service", "learning", "state", "sharing", "snapshots", "inspection", "validation")
+_CONTROLPLANE = ("cp vocabulary", "cp storage", "cp domain", "cp rpc")
+_CORE = ("enginehook core", "enginehook face")
+
+#: The rule table, bottom to top. Part names starting ``cp`` are the control plane's layers.
+PARTS = (
+    Part("estimator", ("estimator",), (), forbid=("vllm",)),
+    Part("cp vocabulary", tuple(f"controlplane.{n}" for n in _VOCABULARY), ("estimator",)),
+    Part("cp storage", ("controlplane.storage",), ("cp vocabulary", "estimator")),
+    Part(
+        "cp domain", tuple(f"controlplane.{n}" for n in _DOMAIN), (*_CONTROLPLANE[:2], "estimator")
+    ),
+    Part("cp rpc", ("controlplane.rpc",), (*_CONTROLPLANE[:3], "estimator")),
+    # The cli's face loads each package's ``commands`` module by name (plugin registration).
+    Part("cp cli", ("controlplane",), (*_CONTROLPLANE, "estimator")),
+    Part("enginehook core", ("enginehook.core",), ("cp vocabulary", "estimator"), forbid=("vllm",)),
+    Part("enginehook hints", ("enginehook.hints",), (*_CORE, *_CONTROLPLANE, "estimator")),
+    Part("enginehook link", ("enginehook.link",), (*_CORE, *_CONTROLPLANE, "estimator")),
+    Part(
+        "enginehook vllm",
+        ("enginehook.vllm", "enginehook.scheduler"),
+        (*_CORE, "enginehook hints", "enginehook link", "cp vocabulary", "estimator"),
+    ),
+    Part("enginehook tools", ("enginehook.tools",), ("*",)),
+    # ``enginehook`` itself re-exports the core and the flat hints; ``enginehook.sessions``
+    # is the stable path vLLM's --middleware flag names.
+    Part("enginehook face", ("enginehook",), ("enginehook core", "enginehook hints"), ("vllm",)),
+    Part("simulator studies", ("simulator.studies",), ("*",)),
+    Part("simulator model", ("simulator",), ("simulator model", *_CORE, "estimator"), ("vllm",)),
+)
+PART_NAMES = {part.name for part in PARTS}
+
+
+def _part(module: str) -> Part:
+    for part in PARTS:
+        if any(module == p or module.startswith(p + ".") for p in part.prefixes):
+            return part
+    raise AssertionError(f"{module}: no part of the rule table holds it")
+
+
+def _module_files() -> dict[str, Path]:
+    files = {}
+    for package in LAYER_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "_gen" in path.parts:
+                continue
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            files[name] = path
+    return files
+
+
+MODULES = _module_files()
+
+
+def _imported(path: Path, module: str) -> Iterator[tuple[int, str]]:
+    """(line, dotted name) of every import in ``path``; ``from a import b`` names ``a.b``
+    when that is a module of ours, else ``a``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield node.lineno, full if full in MODULES else base
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield node.lineno, node.args[0].value
+
+
+def _ours(name: str) -> str | None:
+    """The module of ours that ``name`` lands in (its longest known prefix), or None."""
+    if name.split(".")[0] not in LAYER_PACKAGES:
+        return None
+    if name.startswith("controlplane._gen"):
+        return "controlplane._gen"
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _import_graph() -> dict[str, dict[str, int]]:
+    """Module -> {module of ours it imports: first line}."""
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in MODULES.items():
+        edges = graph.setdefault(module, {})
+        for line, name in _imported(path, module):
+            target = _ours(name)
+            if target is not None and target != module:
+                edges.setdefault(target, line)
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next((c for c in children if c in graph), None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def test_rule_table_names_known_parts() -> None:
+    unknown = {
+        (part.name, other)
+        for part in PARTS
+        for other in part.may_import
+        if other != "*" and other not in PART_NAMES
+    }
+    assert unknown == set()
+    assert sorted(m for m in MODULES if m.split(".")[0] in LAYER_PACKAGES) == sorted(MODULES)
+
+
+def test_no_import_loop_between_files() -> None:
+    graph = _import_graph()
+    loops = [
+        " <-> ".join(f"{m} (imports {', '.join(sorted(set(c) & set(graph[m])))})" for m in c)
+        for c in _cycles(graph)
+    ]
+    assert loops == []
+
+
+def test_every_import_follows_the_layers() -> None:
+    broken = []
+    for module, path in MODULES.items():
+        part = _part(module)
+        for line, name in _imported(path, module):
+            target = _ours(name)
+            where = f"{path.relative_to(ROOT)}:{line} imports {name}"
+            if target is None:
+                if name.split(".")[0] in part.forbid:
+                    broken.append(f"{where}: {part.name} never imports {name.split('.')[0]}")
+                continue
+            allowed = {part.name, *part.may_import}
+            if "*" not in allowed and _part(target).name not in allowed:
+                broken.append(
+                    f"{where} ({_part(target).name}): {part.name} may import only "
+                    + ", ".join(sorted(allowed))
+                )
+    assert broken == []
+
+
+def test_the_layering_check_sees_hidden_imports(tmp_path: Path) -> None:
+    """The reader counts imports in functions, under TYPE_CHECKING and by importlib."""
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from enginehook.core.pins import Pin\n"
+        "def f():\n    import vllm.v1.request\n"
+        "    return importlib.import_module('enginehook.link.remote')\n"
+        "from . import wire\n"
+    )
+    names = sorted(name for _, name in _imported(source, "controlplane.probe"))
+    expected = ["controlplane.wire", "enginehook.core.pins", "enginehook.link.remote"]
+    assert names == sorted([*expected, "typing", "vllm.v1.request"])
+    assert _cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [
+        ["a", "b", "c"]
+    ]
+    assert _part("enginehook.core.pins").forbid == ("vllm",)

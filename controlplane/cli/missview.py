@@ -1,7 +1,7 @@
 """Why did returning turns miss their cache: `cachettl misses` (text or JSON, read from the
 database like `cachettl tools`). The same answer on the wire is :mod:`controlplane.rpc.misses`.
 
-Text output escapes non-printable characters (``controlplane.cli.toolview.printable``).
+Text output escapes non-printable characters (``controlplane.cli.terminal.printable``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any
 
-from controlplane.cli.toolview import printable
+from controlplane.cli.terminal import printable
 from controlplane.inspection import MissesView, MissStats, misses
 from controlplane.records import MISSES, MissQuery, MissReason, NotPinnedCause, ToolCall
 from controlplane.storage import create_store

@@ -9,6 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from controlplane.cli.missview import print_miss_stats, stats_record
+from controlplane.cli.terminal import printable
 from controlplane.inspection import DistributionView, ToolView, miss_stats
 from controlplane.learning import NameLimits
 from controlplane.records import Tenant
@@ -20,20 +22,6 @@ __all__ = ["TYPICAL_CONTEXTS", "printable", "run"]
 
 #: Context sizes (tokens) for which `tools show` prints the policy's TTL.
 TYPICAL_CONTEXTS = (2_000, 8_000, 32_000, 128_000)
-
-
-def printable(text: str) -> str:
-    r"""``text`` safe for a terminal: each non-printable character (escape sequences, other
-    controls, bidirectional overrides) written as its Python escape, e.g. ``\x1b``.
-
-    >>> print(printable("ls"), printable("\x1b[2Jbash\u202e"))
-    ls \x1b[2Jbash\u202e
-    """
-    if text.isprintable():
-        return text
-    return "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
-    )
 
 
 def _tenant(plane: ControlPlane, name: str) -> Tenant:
@@ -106,8 +94,6 @@ def _show(plane: ControlPlane, tenant: Tenant, args: argparse.Namespace) -> int:
     if args.png is not None:
         _plot(view, decisions, args.png)
     if args.json:
-        from controlplane.cli.missview import stats_record
-
         out = asdict(view)
         out.pop("sorted_samples_s")
         out["pins"]["hit_rate"] = view.pins.hit_rate
@@ -128,8 +114,6 @@ def _show(plane: ControlPlane, tenant: Tenant, args: argparse.Namespace) -> int:
             f"    context {d['context_tokens']:>7} tokens: ttl {d['ttl_s']:.3f}s"
             f"  F={d['return_probability']:.2f}  B={d['benefit_s']:.3f}s  basis {d['basis']}"
         )
-    from controlplane.cli.missview import print_miss_stats
-
     print("  returning turns by miss reason (cachettl misses --tool lists them):")
     print_miss_stats(misses, indent="    ")
     return 0

@@ -18,12 +18,28 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from enginehook.core.pins import Pin
+__all__ = ["PressureRule", "Victim", "choose_victims", "may_release", "take_until_covered"]
 
-__all__ = ["PressureRule", "choose_victims", "may_release", "take_until_covered"]
+
+class Victim(Protocol):
+    """What victim choice reads of a pin (:class:`enginehook.core.pins.Pin` has it); the
+    pin table imports this module, so this module names the shape, not the class."""
+
+    @property
+    def program_id(self) -> str: ...
+
+    @property
+    def blocks(self) -> int: ...
+
+    @property
+    def expires_at(self) -> float: ...
+
+    def expected_loss_s(self, now: float) -> float: ...
+
+
+V = TypeVar("V", bound=Victim)
 
 
 class PressureRule(Enum):
@@ -66,17 +82,17 @@ def may_release(rule: PressureRule, *, for_running: bool, nothing_running: bool)
     return for_running or nothing_running
 
 
-def _order(pin: Pin[Any], now: float) -> tuple[float, float, int, str]:
+def _order(pin: Victim, now: float) -> tuple[float, float, int, str]:
     return (pin.expected_loss_s(now), pin.expires_at, -pin.blocks, pin.program_id)
 
 
 def choose_victims(
-    pins: Sequence[Pin[Any]],
+    pins: Sequence[V],
     needed_blocks: int,
     now: float,
     waiting_programs: Collection[str],
     allow_waiting: bool = False,
-) -> list[Pin[Any]]:
+) -> list[V]:
     """The pins to release, in order, until their blocks cover ``needed_blocks``.
 
     Returns fewer blocks than needed when the eligible pins cannot cover it (the caller
@@ -94,10 +110,7 @@ def choose_victims(
     return take_until_covered(order, needed_blocks)
 
 
-P = TypeVar("P", bound="Pin[Any]")
-
-
-def take_until_covered(order: Iterable[P], needed_blocks: int) -> list[P]:
+def take_until_covered(order: Iterable[V], needed_blocks: int) -> list[V]:
     """The first pins of ``order`` whose blocks together cover ``needed_blocks``.
 
     >>> from enginehook.core.pins import Pin
@@ -105,7 +118,7 @@ def take_until_covered(order: Iterable[P], needed_blocks: int) -> list[P]:
     >>> [p.program_id for p in take_until_covered(pins, 4)]
     ['a', 'b']
     """
-    chosen: list[P] = []
+    chosen: list[V] = []
     total = 0
     for pin in order:
         if total >= needed_blocks:

@@ -1,12 +1,21 @@
 """The engine's link to the control plane: events out in batches, snapshots in.
 
 Nothing here runs on the scheduler's thread except :meth:`ControlPlaneLink.submit`, which
-appends to a bounded in-memory buffer (and, past ``memory_events``, to spill files on
-local disk) and returns. A sender thread delivers batches through a :class:`Transport`
-(``RecordToolCalls`` / ``RecordProgramEnd``), retrying with back-off while the control
-plane is down; an event leaves the buffer only once the server acknowledged it, and the
-server drops repeats by event id, so delivery has no loss and no duplicates. A watcher
-thread follows ``WatchSnapshots`` and installs each snapshot in the engine's decider.
+puts the event on a queue and returns. A sender thread moves queued events into the
+:class:`~enginehook.link.spill.EventBuffer` (memory, then spill segments on local disk)
+and delivers batches through a :class:`Transport` (``RecordToolCalls`` /
+``RecordProgramEnd``), retrying with back-off while the control plane is down; an event
+leaves the buffer only once the server acknowledged it, and the server drops repeats by
+event id, so delivery has no loss and no duplicates. A watcher thread follows
+``WatchSnapshots`` and installs each snapshot in the engine's decider.
+
+The flush rule: while the control plane answers, events wait in memory (at most
+``memory_events``; past that they go to disk). The first failed send puts every event in
+memory on disk, and from then on until the spill is delivered the sender appends what the
+scheduler handed over to the spill and ``fsync`` s it every ``flush_interval_s`` (0.2 s by
+default), also between retries. So once the control plane is unreachable, a crash of the
+engine loses at most the events of the last ``flush_interval_s``; the next start with the
+same spill folder delivers the rest.
 
 :func:`to_tool_call` and :func:`to_program_end` are the one conversion of the hook's events
 to the control plane's records; the simulator's demo reports through them too.
@@ -14,29 +23,32 @@ to the control plane's records; the simulator's demo reports through them too.
 
 from __future__ import annotations
 
-import json
+import ipaddress
 import logging
-import tempfile
+import queue
 import threading
-from collections import deque
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 from controlplane.records import ProgramEnd, ToolCall
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent, event_from_record, event_record
+from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
 from enginehook.link.snapshot import SnapshotData, models_from_snapshot
+from enginehook.link.spill import EventBuffer, claim_spill_dir, default_spill_dir
 
 if TYPE_CHECKING:
+    from controlplane.rpc.client import ClientTls
     from enginehook.core.config import HookConfig
     from enginehook.core.decide import TtlDecider
-    from enginehook.link.sinks import SinkCounter
+    from enginehook.link.base import SinkCounter
 
 __all__ = [
     "ControlPlaneLink",
     "EventBuffer",
     "PermanentError",
     "Transport",
+    "is_loopback",
     "to_program_end",
     "to_tool_call",
 ]
@@ -91,102 +103,6 @@ def to_program_end(event: ProgramEndEvent) -> ProgramEnd:
     return ProgramEnd(event.program_id, event.total_turns, event.ended_at)
 
 
-def _to_json(event: Event) -> str:
-    return json.dumps(event_record(event))
-
-
-def _count_lines(path: Path) -> int:
-    with path.open(encoding="utf-8") as f:
-        return sum(1 for line in f if line.strip())
-
-
-def _from_json(line: str) -> Event:
-    return event_from_record(json.loads(line))
-
-
-class EventBuffer:
-    """FIFO of undelivered events: up to ``memory_events`` in memory, the rest in spill
-    segment files of ``segment_events`` lines under ``spill_dir``. Segments left by an
-    earlier process in ``spill_dir`` are picked up. Thread-safe."""
-
-    def __init__(
-        self, spill_dir: str | Path, memory_events: int = 10_000, segment_events: int = 1000
-    ) -> None:
-        if memory_events < 1 or segment_events < 1:
-            raise ValueError("memory_events and segment_events must be >= 1")
-        self.spill_dir = Path(spill_dir)
-        self.spill_dir.mkdir(parents=True, exist_ok=True)
-        self.memory_events = memory_events
-        self.segment_events = segment_events
-        self._memory: deque[Event] = deque()
-        self._lock = threading.Lock()
-        self._segments: deque[Path] = deque(sorted(self.spill_dir.glob("spill-*.jsonl")))
-        self._open_lines = self.segment_events  # never append to an earlier process's file
-        self._seq = int(self._segments[-1].stem.split("-")[1]) if self._segments else 0
-        self._spilled = sum(_count_lines(p) for p in self._segments)
-
-    def put(self, event: Event) -> None:
-        """Queue ``event`` (in memory, or spilled once memory is full or spill is pending)."""
-        with self._lock:
-            if len(self._memory) < self.memory_events and not self._segments:
-                self._memory.append(event)
-                return
-            self._spill(event)
-
-    def _spill(self, event: Event) -> None:
-        if not self._segments or self._open_lines >= self.segment_events:
-            self._seq += 1
-            self._segments.append(self.spill_dir / f"spill-{self._seq:09d}.jsonl")
-            self._open_lines = 0
-        with self._segments[-1].open("a", encoding="utf-8") as f:
-            f.write(_to_json(event) + "\n")
-        self._open_lines += 1
-        self._spilled += 1
-
-    def peek(self, n: int) -> list[Event]:
-        """Up to ``n`` oldest events (refilling memory from the oldest spill segment)."""
-        with self._lock:
-            if not self._memory and self._segments:
-                self._refill()
-            return [self._memory[i] for i in range(min(n, len(self._memory)))]
-
-    def _refill(self) -> None:
-        segment = self._segments.popleft()
-        if not self._segments:
-            self._open_lines = self.segment_events
-        lines = segment.read_text(encoding="utf-8").splitlines() if segment.exists() else []
-        events = [_from_json(line) for line in lines if line.strip()]
-        self._memory.extend(events)
-        self._spilled -= len(events)
-        segment.unlink(missing_ok=True)
-
-    def spill_all(self) -> int:
-        """Move every in-memory event to spill files (at shutdown); returns how many."""
-        with self._lock:
-            moved = list(self._memory)
-            self._memory.clear()
-            self._open_lines = self.segment_events
-            for event in moved:
-                self._spill(event)
-            return len(moved)
-
-    def drop(self, n: int) -> None:
-        """Remove the ``n`` oldest events (after they were delivered)."""
-        with self._lock:
-            for _ in range(min(n, len(self._memory))):
-                self._memory.popleft()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._memory) + self._spilled
-
-    @property
-    def in_memory(self) -> int:
-        """Events held in memory."""
-        with self._lock:
-            return len(self._memory)
-
-
 class ControlPlaneLink:
     """Background delivery of events and snapshots (see the module docstring)."""
 
@@ -212,6 +128,8 @@ class ControlPlaneLink:
         self.failures = 0
         self.snapshots = 0
         self.snapshot_version = 0
+        self._incoming: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._lock: IO[bytes] | None = None  # the spill folder's lock, held while open
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._sender = threading.Thread(target=self._send_loop, name="cachettl-events", daemon=True)
@@ -225,17 +143,32 @@ class ControlPlaneLink:
 
     @classmethod
     def from_config(
-        cls, config: HookConfig, decider: TtlDecider, engine_id: str
+        cls, config: HookConfig, decider: TtlDecider, engine_id: str, key: str = ""
     ) -> ControlPlaneLink:
-        """A gRPC link to ``config.control_plane`` with ``config.token``."""
-        spill = config.spill_dir or tempfile.mkdtemp(prefix=f"cachettl-spill-{engine_id}-")
-        return cls(GrpcTransport(config.control_plane, config.token), EventBuffer(spill), decider)
+        """A gRPC link to ``config.control_plane`` with ``config.token`` (and TLS when
+        ``tls_ca_file`` is set); its spill in ``config.spill_dir`` or, unset, in the
+        stable :func:`~enginehook.link.spill.default_spill_dir` for ``key`` (the engine's
+        model), claimed against other live engines."""
+        transport = GrpcTransport(
+            config.control_plane,
+            config.token,
+            tls=_tls(config),
+            allow_plaintext_token=config.allow_plaintext_token,
+        )
+        base = Path(config.spill_dir or default_spill_dir(config.control_plane, config.tenant, key))
+        folder, lock = claim_spill_dir(base)
+        buffer = EventBuffer(folder, max_bytes=config.spill_max_bytes)
+        if len(buffer):
+            logger.info("%d undelivered events found in %s", len(buffer), folder)
+        link = cls(transport, buffer, decider)
+        link._lock = lock
+        return link
 
     # -- the scheduler's side ----------------------------------------------------------
     def submit(self, event: Event) -> None:
-        """Queue one event for delivery; never blocks on the network."""
-        self.buffer.put(event)
-        if self.buffer.in_memory >= self.batch_events:
+        """Queue one event for delivery; never blocks on the network or the disk."""
+        self._incoming.put(event)
+        if self._incoming.qsize() >= self.batch_events:
             self._wake.set()
 
     def counters(self) -> list[SinkCounter]:
@@ -243,30 +176,58 @@ class ControlPlaneLink:
         return [
             ("cachettl_control_plane_events_delivered_total", "counter", self.delivered),
             ("cachettl_control_plane_events_rejected_total", "counter", self.rejected),
-            ("cachettl_control_plane_events_pending", "gauge", len(self.buffer)),
+            ("cachettl_control_plane_events_pending", "gauge", self.pending()),
+            ("cachettl_control_plane_spill_bytes", "gauge", self.buffer.spilled_bytes),
+            ("cachettl_control_plane_spill_dropped_total", "counter", self.buffer.dropped),
             ("cachettl_control_plane_send_failures_total", "counter", self.failures),
             ("cachettl_control_plane_snapshots_total", "counter", self.snapshots),
             ("cachettl_control_plane_snapshot_version", "gauge", self.snapshot_version),
         ]
 
+    def pending(self) -> int:
+        """Events handed over and not delivered yet (queued, in memory and spilled)."""
+        return self._incoming.qsize() + len(self.buffer)
+
     # -- the sender thread -------------------------------------------------------------
+    def _take_incoming(self, down: bool) -> None:
+        """Move what the scheduler handed over into the buffer; while the control plane
+        is down, onto the disk (synced)."""
+        took = False
+        while True:
+            try:
+                event = self._incoming.get_nowait()
+            except queue.Empty:
+                break
+            self.buffer.put(event)
+            took = True
+        if took and down:
+            self.buffer.spill_all()
+            self.buffer.sync()
+
     def _send_loop(self) -> None:
-        backoff = self.flush_interval_s
+        backoff, retry_at, down = self.flush_interval_s, 0.0, False
         while True:
             stopping = self._stop.is_set()
-            try:
-                sent = self._send_once()
-            except Exception as exc:  # the control plane is down or slow: keep the events
-                self.failures += 1
-                logger.debug("control plane unreachable (%s); retrying in %.1fs", exc, backoff)
-                if stopping:
-                    return
-                self._stop.wait(backoff)
-                backoff = min(self.max_backoff_s, backoff * 2)
-                continue
-            backoff = self.flush_interval_s
-            if sent:
-                continue
+            self._take_incoming(down)
+            if time.monotonic() >= retry_at:
+                try:
+                    sent = self._send_once()
+                except Exception as exc:  # the control plane is down or slow: keep the events
+                    self.failures += 1
+                    logger.debug("control plane unreachable (%s); retrying in %.1fs", exc, backoff)
+                    if not down:
+                        down = True
+                        self.buffer.spill_all()
+                        self.buffer.sync()
+                    if stopping:
+                        return
+                    retry_at = time.monotonic() + backoff
+                    backoff = min(self.max_backoff_s, backoff * 2)
+                    self._stop.wait(min(self.flush_interval_s, backoff))
+                    continue
+                backoff, retry_at, down = self.flush_interval_s, 0.0, False
+                if sent:
+                    continue
             if stopping:
                 return
             self._wake.wait(self.flush_interval_s)
@@ -336,38 +297,83 @@ class ControlPlaneLink:
     # -- lifetime ----------------------------------------------------------------------
     def flush(self, timeout_s: float) -> bool:
         """Wait until every queued event was delivered (True) or ``timeout_s`` passed."""
-        done = threading.Event()
-        deadline = threading.Timer(timeout_s, done.set)
-        deadline.start()
-        try:
-            while len(self.buffer) and not done.is_set():
-                self._wake.set()
-                done.wait(0.05)
-            return len(self.buffer) == 0
-        finally:
-            deadline.cancel()
+        deadline = time.monotonic() + timeout_s
+        while self.pending() and time.monotonic() < deadline:
+            self._wake.set()
+            self._stop.wait(0.05)
+        return self.pending() == 0
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Try to deliver what is queued (up to ``timeout_s``), stop the threads, and
-        spill whatever is left so that the next start with the same ``spill_dir``
+        spill whatever is left so that the next start with the same spill folder
         delivers it."""
         self.flush(timeout_s)
         self._stop.set()
         self._wake.set()
         self._sender.join(timeout_s)
-        left = self.buffer.spill_all()
-        if left:
-            logger.warning("%d undelivered events spilled to %s", left, self.buffer.spill_dir)
+        if not self._sender.is_alive():
+            self._take_incoming(down=False)
+            left = self.buffer.spill_all()
+            self.buffer.forget_memory()
+            if left:
+                logger.warning("%d undelivered events spilled to %s", left, self.buffer.spill_dir)
+        self.buffer.close()
         self.transport.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+def is_loopback(target: str) -> bool:
+    """Whether gRPC ``target`` ("host:port", "[v6]:port", "unix:...") stays on this host."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = target.rpartition(":")[0] if ":" in target else target
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _tls(config: HookConfig) -> ClientTls | None:
+    from controlplane.rpc.client import ClientTls
+
+    if not config.tls_ca_file:
+        return None
+    cert = Path(config.tls_cert_file) if config.tls_cert_file else None
+    key = Path(config.tls_key_file) if config.tls_key_file else None
+    return ClientTls(Path(config.tls_ca_file), cert, key)
 
 
 class GrpcTransport:
     """:class:`Transport` over ``controlplane.rpc.client.ControlPlaneClient``."""
 
-    def __init__(self, target: str, token: str, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        target: str,
+        token: str,
+        timeout_s: float = 5.0,
+        *,
+        tls: ClientTls | None = None,
+        allow_plaintext_token: bool = False,
+    ) -> None:
         from controlplane.rpc.client import ControlPlaneClient
 
-        self._client = ControlPlaneClient(target, token, timeout_s=timeout_s)
+        if tls is None and token and not allow_plaintext_token and not is_loopback(target):
+            raise ValueError(
+                f"additional_config.cachettl.control_plane={target!r}: the token would travel "
+                "in clear to another host; set tls_ca_file (TLS) or allow_plaintext_token"
+            )
+        if tls is not None:
+            for name, path in (("tls_ca_file", tls.ca), ("tls_cert_file", tls.cert)):
+                if path is not None and not path.is_file():
+                    raise ValueError(f"additional_config.cachettl.{name}: no file {str(path)!r}")
+            if tls.key is not None and not tls.key.is_file():
+                raise ValueError(f"additional_config.cachettl.tls_key_file: no file {tls.key}")
+        self._client = ControlPlaneClient(target, token, timeout_s=timeout_s, tls=tls)
 
     @staticmethod
     def _check(exc: Exception) -> None:

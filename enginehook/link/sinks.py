@@ -15,9 +15,10 @@ import logging
 import queue
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent, event_record
+from enginehook.core.tracker import event_record
+from enginehook.link.base import Event, EventSink, SinkCounter
 
 if TYPE_CHECKING:
     from enginehook.core.config import HookConfig
@@ -27,26 +28,8 @@ __all__ = ["EventSink", "JsonlSink", "NullSink", "SinkCounter", "build_sink", "e
 
 logger = logging.getLogger("enginehook.link.sinks")
 
-Event = ToolCallEvent | ProgramEndEvent
-
 #: Most events the event log's writer takes from its queue for one write.
 _BATCH_EVENTS = 1000
-
-
-#: One figure of a sink for the metrics endpoint: Prometheus name, type, value.
-SinkCounter = tuple[str, str, int]
-
-
-class EventSink(Protocol):
-    """Receives the hook's events; ``submit`` must not block."""
-
-    def submit(self, event: Event) -> None: ...
-
-    def counters(self) -> list[SinkCounter]:
-        """What became of the events so far (read by the metrics endpoint's thread)."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class NullSink:
@@ -240,10 +223,9 @@ def build_sink(config: HookConfig, decider: TtlDecider, engine_id: str) -> Event
     """The sink the config asks for (control plane link and/or event log)."""
     sink: EventSink = NullSink()
     if config.control_plane:
-        import importlib
+        from enginehook.link.remote import ControlPlaneLink
 
-        cplink = importlib.import_module("enginehook.link.remote")
-        sink = cplink.ControlPlaneLink.from_config(config, decider, engine_id)
+        sink = ControlPlaneLink.from_config(config, decider, engine_id)
     if config.event_log:
         sink = JsonlSink(config.event_log, inner=sink)
     return sink
