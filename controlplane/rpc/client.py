@@ -32,6 +32,8 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from controlplane._gen.cachettl.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
     events_pb2,
     events_pb2_grpc,
     inspect_pb2,
@@ -43,6 +45,7 @@ from controlplane._gen.cachettl.v1 import (
 )
 from controlplane.kvhints import envelope_from_proto
 from controlplane.records import MissReason, PinOutcome, ToolCall, TurnCache
+from controlplane.wire import timestamp
 from estimator import RequestFacts
 
 __all__ = [
@@ -194,6 +197,7 @@ class ControlPlaneClient:
         self._ttl: Any = ttl_pb2_grpc.TtlServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._inspect: Any = inspect_pb2_grpc.InspectServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._models: Any = model_pb2_grpc.ModelServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._cluster: Any = cluster_pb2_grpc.PinCoherenceServiceStub(self._channel)  # type: ignore[no-untyped-call]
 
     def _kw(self) -> dict[str, Any]:
         return {"timeout": self.timeout_s, "metadata": self._metadata}
@@ -316,6 +320,32 @@ class ControlPlaneClient:
         """
         request = model_pb2.WatchSnapshotsRequest(after_version=after_version)
         stream = self._models.WatchSnapshots(request, timeout=timeout_s, metadata=self._metadata)
+        try:
+            yield from stream
+        finally:
+            stream.cancel()
+
+    # -- pin coherence ----------------------------------------------------------------
+
+    def report_arrivals(self, engine_id: str, arrivals: Sequence[tuple[str, float]]) -> int:
+        """Report turn arrivals ``(program_id, arrived_at)`` at ``engine_id`` (1..1000);
+        returns how many were programs last seen on another engine."""
+        request = cluster_pb2.ReportArrivalsRequest(
+            engine_id=engine_id,
+            arrivals=[
+                cluster_pb2.Arrival(program_id=program, arrived_at=timestamp(at))
+                for program, at in arrivals
+            ],
+        )
+        return int(self._cluster.ReportArrivals(request, **self._kw()).moved)
+
+    def watch_moves(
+        self, engine_id: str, timeout_s: float | None = None
+    ) -> Iterator[cluster_pb2.WatchMovesResponse]:
+        """The programs that move away from ``engine_id`` (their turns arrive at another
+        engine), as they move, until ``timeout_s`` or the caller stops iterating."""
+        request = cluster_pb2.WatchMovesRequest(engine_id=engine_id)
+        stream = self._cluster.WatchMoves(request, timeout=timeout_s, metadata=self._metadata)
         try:
             yield from stream
         finally:

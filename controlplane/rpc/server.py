@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
+from controlplane._gen.cachettl.v1 import cluster_pb2, events_pb2, inspect_pb2, model_pb2, ttl_pb2
 from controlplane.records import LIMITS, Limits
 from controlplane.rpc.auth import AuthOptions
 from controlplane.rpc.gate import Budgets
@@ -37,7 +37,13 @@ log = logging.getLogger(__name__)
 _PACKAGE = events_pb2.DESCRIPTOR.package
 SERVICE_NAMES = tuple(
     f"{_PACKAGE}.{name}"
-    for name in ("ToolEventService", "TtlService", "InspectService", "ModelService")
+    for name in (
+        "ToolEventService",
+        "TtlService",
+        "InspectService",
+        "ModelService",
+        "PinCoherenceService",
+    )
 )
 
 
@@ -120,7 +126,13 @@ def admission_from_args(args: argparse.Namespace) -> tuple[Budgets, AuthOptions]
     return Budgets(**values["budgets"]), AuthOptions(**values["auth"])
 
 
-_FILES = (events_pb2.DESCRIPTOR, ttl_pb2.DESCRIPTOR, inspect_pb2.DESCRIPTOR, model_pb2.DESCRIPTOR)
+_FILES = (
+    events_pb2.DESCRIPTOR,
+    ttl_pb2.DESCRIPTOR,
+    inspect_pb2.DESCRIPTOR,
+    model_pb2.DESCRIPTOR,
+    cluster_pb2.DESCRIPTOR,
+)
 
 
 class ControlPlaneServer:

@@ -44,6 +44,7 @@ from controlplane.kvhints import Retention, envelope_to_proto, retention_envelop
 from controlplane.records import LIMITS, MISSES, Limits, MissQuery, Tenant
 from controlplane.rpc import misses
 from controlplane.rpc.auth import AuthOptions, TenantCache
+from controlplane.rpc.coherence import CoherenceMethods
 from controlplane.rpc.gate import Budgets, Gate
 from controlplane.rpc.metrics import Metrics
 from controlplane.service import ControlPlane
@@ -152,8 +153,9 @@ def _trailer(error: Exception) -> tuple[tuple[str, str], ...]:
     return () if getattr(error, "retryable", True) else ((RETRYABLE_KEY, "false"),)
 
 
-class Servicer:
-    """Implements all four services of ``cachettl.v1`` over one ``ControlPlane``."""
+class Servicer(CoherenceMethods):
+    """Implements every service of ``cachettl.v1`` over one ``ControlPlane`` (pin coherence
+    in :mod:`controlplane.rpc.coherence`)."""
 
     def __init__(
         self,

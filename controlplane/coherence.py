@@ -1,0 +1,77 @@
+"""Where each program's turns last arrived, across a cluster's engines.
+
+A pin is worth its memory only if the router brings the program back to the engine that
+holds it. No router tells an engine that it moved a program, but every engine reports its
+turn arrivals here (``PinCoherenceService.ReportArrivals``), so the control plane sees a
+move the moment the program's next turn lands elsewhere. The engine the program left is
+told (``WatchMoves``): it drops the program's pin at once instead of holding it until its
+TTL, and forgets the open tool call, so that the program's absence is not measured as one
+long tool call if it ever comes back.
+
+This works behind any router, session-aware or blind, since it keys on the program id the
+engines already read (``X-Session-ID`` and the other session sources).
+
+Bounds: per tenant, the locations of the :attr:`ProgramLocations.max_programs` most recently
+arrived programs are kept (least recently arrived forgotten first); a forgotten program's
+next arrival counts as new (nothing is sent). Single-threaded: the server calls it from its
+event loop.
+
+>>> where = ProgramLocations(max_programs=2)
+>>> where.arrived("acme", "engine-a", "p1", 10.0) is None   # new program
+True
+>>> where.arrived("acme", "engine-a", "p1", 12.0) is None   # back on the same engine
+True
+>>> where.arrived("acme", "engine-b", "p1", 15.0)           # moved: engine-a must hear it
+'engine-a'
+>>> where.arrived("other", "engine-a", "p1", 16.0) is None  # program ids are per tenant
+True
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+__all__ = ["MAX_PROGRAMS", "Location", "ProgramLocations"]
+
+#: Programs whose location is kept per tenant (the least recently arrived go first).
+MAX_PROGRAMS = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """The engine a program's latest turn arrived at, and when."""
+
+    engine_id: str
+    arrived_at: float
+
+
+class ProgramLocations:
+    """The latest engine of each program, per tenant, bounded (module docstring)."""
+
+    def __init__(self, max_programs: int = MAX_PROGRAMS) -> None:
+        if max_programs < 1:
+            raise ValueError(f"max_programs must be >= 1, got {max_programs}")
+        self.max_programs = max_programs
+        self._tenants: dict[str, OrderedDict[str, Location]] = {}
+
+    def arrived(self, tenant: str, engine_id: str, program_id: str, at: float) -> str | None:
+        """A turn of ``program_id`` arrived at ``engine_id``. Returns the engine the program
+        moved away from (its previous turn arrived there), or ``None`` when the program is
+        new here or stayed on the same engine."""
+        programs = self._tenants.setdefault(tenant, OrderedDict())
+        before = programs.pop(program_id, None)
+        programs[program_id] = Location(engine_id, at)
+        if len(programs) > self.max_programs:
+            programs.popitem(last=False)
+        if before is None or before.engine_id == engine_id:
+            return None
+        return before.engine_id
+
+    def where(self, tenant: str, program_id: str) -> Location | None:
+        """Where the program's latest turn arrived (``None``: unknown or forgotten)."""
+        programs = self._tenants.get(tenant)
+        return None if programs is None else programs.get(program_id)
+
+    def __len__(self) -> int:
+        return sum(len(programs) for programs in self._tenants.values())
