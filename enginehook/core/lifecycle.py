@@ -383,6 +383,17 @@ class PinController(Generic[H]):
         (a turn with ``last_turn``), so nothing is pinned after it."""
         return self.pins.release(program_id, ReleaseReason.CLOSED)
 
+    def moved_away(self, program_id: str, arrived_at: float) -> Pin[H] | None:
+        """The program's next turn arrived at another engine at ``arrived_at`` (the control
+        plane says so): its pin here goes now (``MOVED``, returned), the tool call it left
+        here is reported with the duration it really had, and its state here is forgotten."""
+        pin = self.pins.release(program_id, ReleaseReason.MOVED)
+        event = self._tracker_of(program_id).moved(program_id, arrived_at)
+        self._forget(program_id)
+        if event is not None:
+            self.host.emit(event)
+        return pin
+
     def end_program(self, program_id: str, now: float) -> None:
         """The program ended: its pin goes, its last turn is counted, its state forgotten."""
         self.pins.program_end(program_id)

@@ -16,6 +16,8 @@ A pin ends for one of the reasons in :class:`ReleaseReason`:
 - ``BUDGET``: a new pin needed room under the global pinned-block budget;
 - ``REPLACED``: the same program pinned again (one pin per program);
 - ``SHUTDOWN``: the engine reset its prefix cache or stopped.
+- ``MOVED``: the program's next turn arrived at another engine (the control plane's
+  ``PinCoherenceService`` tells the engine it left).
 
 >>> table = PinTable(budget_blocks=10, ttl_cap_s=60.0)
 >>> table.pin("p1", blocks=4, now=0.0, ttl_s=2.0).pinned
@@ -56,6 +58,7 @@ class ReleaseReason(Enum):
     BUDGET = "budget"
     REPLACED = "replaced"
     SHUTDOWN = "shutdown"
+    MOVED = "moved"
 
 
 @dataclass(slots=True)

@@ -404,6 +404,33 @@ class ToolCallTracker:
         )
         return ReturningTurn(program_id, cache, event)
 
+    def moved(self, program_id: str, arrived_at: float) -> ToolCallEvent | None:
+        """The program's next turn arrived at another engine at ``arrived_at``: the tool
+        call it left here ended then (its event is returned, with that duration and no
+        admission delay seen here), and everything this engine knew of the program is
+        forgotten, so that a later return here starts afresh instead of counting the time
+        away as one long tool call."""
+        pending = self._pending.pop(program_id, None)
+        self._drop_prefix(program_id)
+        self._turns.pop(program_id, None)
+        self._lives.pop(program_id, None)
+        if pending is None or pending.tool is None or pending.arrived_at is not None:
+            return None
+        return ToolCallEvent(
+            event_id=self._event_id(program_id, pending.turn_index),
+            program_id=program_id,
+            tenant=self.tenant,
+            tool_name=pending.tool,
+            tool_args=pending.tool_args,
+            duration_s=max(0.0, arrived_at - pending.finished_at),
+            finished_at=pending.finished_at,
+            turn_index=pending.turn_index,
+            ttl_s=pending.ttl_s,
+            outcome=PinOutcome.UNSPECIFIED,
+            admission_delay_s=0.0,
+            basis=pending.basis,
+        )
+
     def program_end(self, program_id: str, now: float) -> ProgramEndEvent | None:
         """The program ended; ``None`` if it never finished a turn here."""
         self._pending.pop(program_id, None)
