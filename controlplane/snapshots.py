@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import threading
 
-from google.protobuf.duration_pb2 import Duration
-
 from controlplane import inspection
 from controlplane._gen.cachettl.v1 import model_pb2
 from controlplane.state import ModelState, in_slices
+from controlplane.wire import duration
 from estimator import DurationModel
 
 __all__ = ["SnapshotPayloads", "in_slices"]
@@ -55,12 +54,10 @@ class SnapshotPayloads:
         with lock:
             keys = inspection.snapshot_keys(state, tenant, share)
             stats = state.models.workload(tenant)
-            delay = Duration()
-            delay.FromNanoseconds(round(stats.queue.get() * 1e9))
             header = model_pb2.WatchSnapshotsResponse(
                 version=state.tenant_version(tenant, share),
                 eta=stats.eta.get(),
-                queue_delay=delay,
+                queue_delay=duration(stats.queue.get(), "queue_delay"),
                 min_samples=state.models.durations.min_samples,
             )
         old = self._entries.get(tenant, {})

@@ -13,6 +13,7 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.protobuf.unknown_fields import UnknownFieldSet
 
+from controlplane import wire
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, ttl_pb2
 from controlplane.errors import InvalidInputError
 from controlplane.records import (

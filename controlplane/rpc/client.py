@@ -20,7 +20,6 @@ program id, recorded too). Thread-safe (one channel, shared).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +27,6 @@ from types import TracebackType
 from typing import Any
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from controlplane._gen.cachettl.v1 import (
     cluster_pb2,

@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.descriptor import FileDescriptor
-from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
@@ -49,6 +48,7 @@ from controlplane.rpc.gate import Budgets, Gate
 from controlplane.rpc.metrics import Metrics
 from controlplane.service import ControlPlane
 from controlplane.state import PinCounts
+from controlplane.wire import duration
 
 __all__ = ["Malformed", "Servicer", "generic_handlers"]
 
@@ -123,12 +123,6 @@ def generic_handlers(servicer: Servicer, files: Sequence[FileDescriptor]) -> lis
                 )
             handlers.append(grpc.method_handlers_generic_handler(service.full_name, methods))
     return handlers
-
-
-def _duration(seconds: float) -> Duration:
-    d = Duration()
-    d.FromNanoseconds(round(seconds * 1e9))
-    return d
 
 
 def _pins(p: PinCounts) -> inspect_pb2.PinStats:
@@ -303,12 +297,12 @@ class Servicer(CoherenceMethods):
         )
         self.metrics.decision(decision.basis)
         return ttl_pb2.DecideTtlResponse(
-            ttl=_duration(decision.ttl_s),
+            ttl=duration(decision.ttl_s),
             return_probability=decision.return_probability,
-            expected_benefit=_duration(decision.expected_benefit_s),
+            expected_benefit=duration(decision.expected_benefit_s),
             basis=decision.basis,
             model_version=version,
-            benefit=_duration(decision.benefit_s),
+            benefit=duration(decision.benefit_s),
             kv_hints=envelope_to_proto(retention_envelope(Retention(ttl_s=decision.ttl_s))),
         )
 
@@ -329,9 +323,9 @@ class Servicer(CoherenceMethods):
                     tool_name=v.tool_name,
                     sample_count=v.sample_count,
                     seen_count=v.seen_count,
-                    p50=_duration(v.quantiles_s[0]),
-                    p90=_duration(v.quantiles_s[1]),
-                    p99=_duration(v.quantiles_s[2]),
+                    p50=duration(v.quantiles_s[0]),
+                    p90=duration(v.quantiles_s[1]),
+                    p99=duration(v.quantiles_s[2]),
                     drift_epoch=v.drift_epoch,
                     signatures=v.signatures,
                     pins=_pins(v.pins),
@@ -380,7 +374,7 @@ class Servicer(CoherenceMethods):
         v = self.plane.workload_stats(tenant.name)
         return inspect_pb2.GetWorkloadStatsResponse(
             eta=v.eta,
-            queue_delay=_duration(v.queue_delay_s),
+            queue_delay=duration(v.queue_delay_s),
             programs_completed=v.programs_completed,
             programs_in_window=v.programs_in_window,
             tool_calls=v.tool_calls,
@@ -446,8 +440,8 @@ def _distribution(
         sample_count=v.sample_count,
         seen_count=v.seen_count,
         drift_epoch=v.drift_epoch,
-        quantiles=[inspect_pb2.Quantile(q=q, value=_duration(s)) for q, s in v.quantiles],
-        cdf=[inspect_pb2.CdfPoint(duration=_duration(s), probability=p) for s, p in v.cdf],
+        quantiles=[inspect_pb2.Quantile(q=q, value=duration(s)) for q, s in v.quantiles],
+        cdf=[inspect_pb2.CdfPoint(duration=duration(s), probability=p) for s, p in v.cdf],
         pins=_pins(v.pins),
         model_version=version,
     )

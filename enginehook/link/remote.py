@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
 
 from controlplane.records import ProgramEnd, ToolCall
+from controlplane.wire import seconds
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
 from enginehook.link.snapshot import SnapshotData, models_from_snapshot
 from enginehook.link.spill import EventBuffer, claim_spill_dir, default_spill_dir
@@ -419,7 +420,7 @@ class GrpcTransport:
                 )
                 for m in r.models
             ]
-            delay = r.queue_delay.seconds + r.queue_delay.nanos / 1e9
+            delay = seconds(r.queue_delay)
             yield SnapshotData(r.version, models, r.eta, delay, r.min_samples)
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from controlplane.wire import seconds
 from enginehook.core.lifecycle import FinishedTurn
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
 from enginehook.link.remote import to_program_end, to_tool_call
