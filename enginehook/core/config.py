@@ -20,10 +20,12 @@ ValueError: additional_config.cachettl.order_window_s must be a finite number >=
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from enginehook.core.rules import SchedulingRules
@@ -32,10 +34,16 @@ __all__ = [
     "CONFIG_KEY",
     "CPU_TIER_CONNECTORS",
     "CPU_TIER_SETTINGS",
+    "TOKEN_ENV",
     "CpuTier",
     "HookConfig",
     "detect_cpu_tier",
 ]
+
+logger = logging.getLogger("enginehook")
+
+#: The environment variable the control-plane token is read from (unless ``token_file``).
+TOKEN_ENV = "CACHETTL_TOKEN"
 
 #: The key under vLLM's ``additional_config`` that holds the hook's settings.
 CONFIG_KEY = "cachettl"
@@ -80,9 +88,19 @@ class HookConfig:
     of its own (``"pressure": "always"``, ``"ttl_cap_s": 60``, ...).
     ``tenant``: the tenant this engine's events and decisions belong to.
     ``control_plane``: ``host:port`` of the control plane (empty: none).
-    ``token``: bearer token for the control plane (default: ``$CACHETTL_TOKEN``; never
-    shown in the config's repr or logs). ``spill_dir``: where undelivered events
-    are spilled (default: a temporary folder). ``event_log``: a JSON Lines file that
+    ``token``: bearer token for the control plane, read from ``token_file`` (a file
+    holding it, surrounding whitespace stripped) or from the environment variable
+    :data:`TOKEN_ENV`; a literal ``token`` in ``additional_config`` works but vLLM prints
+    its arguments at start and they sit on the process's command line, so it is warned of.
+    The token is never shown in the config's repr. ``tls_ca_file`` (PEM of the control
+    plane's CA: the link uses TLS) and ``tls_cert_file`` / ``tls_key_file`` (the engine's
+    own certificate and key, for mutual TLS). A token is refused over a plaintext channel
+    to any host but a loopback address unless ``allow_plaintext_token`` is on.
+    ``spill_dir``: where undelivered events are spilled (default: a folder per engine
+    under the user's cache directory, :func:`enginehook.link.remote.default_spill_dir`).
+    ``spill_max_bytes``: the spill's bound on disk. ``strict_vllm_version``: refuse a
+    vLLM version that was not tested even when its internals match (off: start with a
+    warning). ``event_log``: a JSON Lines file that
     receives every tool-call and program-end event (empty: none). ``metrics_listen``:
     ``host:port`` where the hook serves ``/metrics`` in Prometheus format (empty: off).
     ``idle_program_s``: a program whose tool call has not returned for this long is
@@ -102,11 +120,18 @@ class HookConfig:
     tenant: str = "default"
     control_plane: str = ""
     token: str = field(default="", repr=False)
+    token_file: str = ""
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    allow_plaintext_token: bool = False
     spill_dir: str = ""
+    spill_max_bytes: int = 256 * 1024 * 1024
     event_log: str = ""
     metrics_listen: str = ""
     idle_program_s: float = 3600.0
     cpu_tier: str = "auto"
+    strict_vllm_version: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.rules, SchedulingRules):
@@ -123,6 +148,16 @@ class HookConfig:
             raise ValueError(f"{_PREFIX}.min_samples must be an integer, got {self.min_samples!r}")
         if not isinstance(self.policy_params, Mapping):
             raise ValueError(f"{_PREFIX}.policy_params must be an object")
+        for name in ("allow_plaintext_token", "strict_vllm_version"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{_PREFIX}.{name} must be true or false")
+        spill = self.spill_max_bytes
+        if isinstance(spill, bool) or not isinstance(spill, int) or spill < 1024 * 1024:
+            raise ValueError(f"{_PREFIX}.spill_max_bytes must be an integer >= 1048576")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError(f"{_PREFIX}.tls_cert_file and tls_key_file go together")
+        if self.tls_cert_file and not self.tls_ca_file:
+            raise ValueError(f"{_PREFIX}.tls_cert_file needs tls_ca_file (the server's CA)")
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -148,9 +183,29 @@ class HookConfig:
             )
         except ValueError as error:
             raise ValueError(f"{_PREFIX}.{error}") from None
-        if not values.get("token"):
-            values["token"] = os.environ.get("CACHETTL_TOKEN", "")
+        if values.get("token"):
+            logger.warning(
+                "%s.token is given literally: vLLM logs its arguments and they show on the "
+                "process's command line; use token_file or $%s instead",
+                _PREFIX,
+                TOKEN_ENV,
+            )
+        elif values.get("token_file"):
+            values["token"] = _read_token(str(values["token_file"]))
+        else:
+            values["token"] = os.environ.get(TOKEN_ENV, "").strip()
         return cls(**values)
+
+
+def _read_token(path: str) -> str:
+    """The token in ``path`` (whitespace stripped); a clear error naming the key."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{_PREFIX}.token_file: cannot read {path!r}: {exc}") from None
+    if not token or any(ord(c) < 0x21 or ord(c) > 0x7E for c in token):
+        raise ValueError(f"{_PREFIX}.token_file: {path!r} holds no token on one printable line")
+    return token
 
 
 @dataclass(frozen=True)

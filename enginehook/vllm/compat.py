@@ -2,8 +2,10 @@
 
 The hook overrides narrow scheduler hooks and relies on block reference counts, queue
 methods and block-hash attributes of vLLM's v1 core (listed below). On another version
-those may have moved; the engine then fails at start-up with a message naming the tested
-versions rather than corrupting the KV cache.
+those may have moved; the engine then fails at start-up with a message naming the
+differences and the tested versions rather than corrupting the KV cache. A version that
+was not tested but whose internals all match (a patch release, a local build) starts with
+one warning naming the tested versions; with ``strict_vllm_version`` on it is refused.
 
 What the hook cannot use does not stop the engine: without prefix caching a pin could
 never be hit, and state (Mamba), chunked-local, cross-attention and sliding-window-only KV
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ __all__ = [
     "check_vllm",
     "compat_problems",
     "hook_scheduler_cls",
+    "internals_problems",
     "kv_layout_problem",
     "passthrough_reason",
     "source_problems",
@@ -172,15 +176,26 @@ def _mismatch(name: str, params: list[str], expected: tuple[str, ...]) -> list[s
     return []
 
 
+def _untested(version: str) -> str | None:
+    if version in TESTED_VERSIONS:
+        return None
+    return f"vLLM {version} is not a tested version"
+
+
 def compat_problems(version: str | None = None) -> list[str]:
+    """Everything that differs from a tested vLLM in the installed one: an untested
+    version (``version`` replaces the installed one's string), then the internals
+    (:func:`internals_problems`). Empty: a tested version with the expected internals."""
+    untested = _untested(version if version is not None else _version())
+    return ([untested] if untested else []) + internals_problems()
+
+
+def internals_problems() -> list[str]:
     """What differs from the tested vLLM internals in the installed vLLM (empty:
-    compatible)."""
+    the hook's overrides fit it, whatever its version string)."""
     from vllm.v1.core.sched.request_queue import RequestQueue
 
     problems: list[str] = []
-    version = version if version is not None else _version()
-    if version not in TESTED_VERSIONS:
-        problems.append(f"vLLM {version} is not a tested version")
     for (path, cls_name, method), expected in INTERNALS.items():
         module = importlib.import_module("vllm." + path.removesuffix(".py").replace("/", "."))
         function = getattr(getattr(module, cls_name), method, None)
@@ -272,15 +287,37 @@ def _attribute_problems(path: Path, cls_name: str, names: tuple[str, ...]) -> li
     return [f"{cls_name}.{name} attribute missing" for name in names if name not in assigned]
 
 
-def check_vllm(version: str | None = None) -> None:
-    """Raise ``RuntimeError`` naming the tested versions if internals differ."""
-    problems = compat_problems(version)
-    if problems:
+def check_vllm(
+    version: str | None = None, *, strict: bool = True, package: str | Path | None = None
+) -> str | None:
+    """Raise ``RuntimeError`` naming the differences and the tested versions if the
+    internals differ, or (``strict``) if the version is not a tested one. Otherwise return
+    the warning to log for an untested version whose internals match (``None`` for a
+    tested version).
+
+    ``version``: the version string to judge (default: the installed vLLM's);
+    ``package``: check a vLLM source tree (its ``vllm/`` folder, read with ``ast``,
+    :func:`source_problems`) instead of the installed vLLM.
+    """
+    version = version if version is not None else _version()
+    problems = internals_problems() if package is None else source_problems(package)
+    untested = _untested(version)
+    tested = ", ".join(TESTED_VERSIONS)
+    if problems or (untested and strict):
+        why = [untested] if untested else []
         raise RuntimeError(
             "CacheTTL engine hook refuses to start: "
-            + "; ".join(problems)
-            + f". Tested vLLM versions: {', '.join(TESTED_VERSIONS)}."
+            + "; ".join(why + problems)
+            + f". Tested vLLM versions: {tested}."
+            + ("" if problems else " (strict_vllm_version is on)")
         )
+    if untested:
+        return (
+            f"CacheTTL engine hook starts on vLLM {version}, which is not a tested version "
+            f"(tested: {tested}); every vLLM internal the hook uses matches. Set "
+            "strict_vllm_version to refuse untested versions."
+        )
+    return None
 
 
 def kv_layout_problem(kv_cache_config: Any) -> str | None:
@@ -352,12 +389,15 @@ def hook_scheduler_cls(async_scheduling: bool | None = None) -> str:
 
 
 def check_engine(scheduler: Any) -> None:
-    """What the hook cannot run without (raises ``RuntimeError``): a tested vLLM whose
-    internals are the expected ones, rules it can carry out (no program-level admission
+    """What the hook cannot run without (raises ``RuntimeError``): a vLLM whose internals
+    are the expected ones (an untested version among them is logged as a warning, refused
+    with ``strict_vllm_version``), rules it can carry out (no program-level admission
     yet), and the scheduler flavour that matches async scheduling."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    check_vllm()
+    warning = check_vllm(strict=scheduler.cachettl.strict_vllm_version)
+    if warning:
+        logging.getLogger("enginehook").warning("%s", warning)
     admission = scheduler.cachettl.rules.admission
     if admission != "none":
         raise RuntimeError(

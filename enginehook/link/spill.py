@@ -1,0 +1,259 @@
+"""The link's durable event buffer: memory first, then append-only spill segments on disk.
+
+Only the link's sender thread (and :meth:`ControlPlaneLink.close` once that thread has
+stopped) calls an :class:`EventBuffer`; the scheduler's thread never touches the disk.
+
+On disk: segment files ``spill-NNNNNNNNN.jsonl`` in the spill folder, one JSON event per
+line, appended to through one open file until a segment holds ``segment_events`` lines.
+:meth:`EventBuffer.sync` flushes and ``fsync`` s the open segment. A segment is read back
+whole when memory runs empty and deleted only once every event in it was delivered, so a
+crash between reading and delivering sends those events again (the control plane drops
+repeats by event id). A line a crash tore is skipped and counted (``corrupt``).
+
+The bound: ``max_bytes`` of segment files in the folder (those found at start included).
+An event that would pass it is not written: it is dropped and counted (``dropped``), with
+one warning per run of drops; the events already on disk are kept and delivered first.
+
+:func:`default_spill_dir` is the stable per-engine folder used when ``spill_dir`` is unset,
+and :func:`claim_spill_dir` makes sure two live engines never share one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+from collections import deque
+from pathlib import Path
+from typing import IO
+
+from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent, event_from_record, event_record
+
+__all__ = ["DEFAULT_SPILL_MAX_BYTES", "EventBuffer", "claim_spill_dir", "default_spill_dir"]
+
+logger = logging.getLogger("enginehook.link.spill")
+
+Event = ToolCallEvent | ProgramEndEvent
+
+#: The spill's default bound on disk (``spill_max_bytes``).
+DEFAULT_SPILL_MAX_BYTES = 256 * 1024 * 1024
+
+_LOCK_NAME = ".lock"
+
+
+def default_spill_dir(control_plane: str, tenant: str, key: str = "") -> Path:
+    """``<user cache dir>/cachettl/spill/<engine key>``: the same folder at every start of
+    the same engine (this host, control plane, tenant and ``key``, e.g. the model), so
+    events an earlier process spilled are found and delivered."""
+    import platformdirs
+
+    ident = "\0".join((socket.gethostname(), control_plane, tenant, key))
+    name = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    return Path(platformdirs.user_cache_dir("cachettl")) / "spill" / name
+
+
+def claim_spill_dir(base: Path) -> tuple[Path, IO[bytes]]:
+    """``base``, or ``base-2``, ``base-3``... : the first folder no live process holds,
+    with its lock (an exclusive ``flock`` kept while the file stays open; the kernel lets
+    go of it when the process dies, so a crashed engine's folder is taken over)."""
+    for n in range(1, 65):
+        folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = (folder / _LOCK_NAME).open("ab")
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        return folder, lock
+    raise RuntimeError(f"no free spill folder next to {base} (64 engines hold one)")
+
+
+class EventBuffer:
+    """FIFO of undelivered events: up to ``memory_events`` in memory, the rest in spill
+    segments of ``segment_events`` lines under ``spill_dir``, at most ``max_bytes`` of them
+    (see the module docstring). Segments an earlier process left are delivered first.
+    Thread-safe, but meant for one thread (the link's sender)."""
+
+    def __init__(
+        self,
+        spill_dir: str | Path,
+        memory_events: int = 10_000,
+        segment_events: int = 1000,
+        max_bytes: int = DEFAULT_SPILL_MAX_BYTES,
+    ) -> None:
+        if memory_events < 1 or segment_events < 1 or max_bytes < 1:
+            raise ValueError("memory_events, segment_events and max_bytes must be >= 1")
+        self.spill_dir = Path(spill_dir)
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
+        self.memory_events = memory_events
+        self.segment_events = segment_events
+        self.max_bytes = max_bytes
+        #: Events not written because the spill was at ``max_bytes``.
+        self.dropped = 0
+        #: Lines of spill files that could not be read (torn by a crash).
+        self.corrupt = 0
+        self._memory: deque[Event] = deque()
+        self._lock = threading.Lock()
+        self._segments: deque[Path] = deque(sorted(self.spill_dir.glob("spill-*.jsonl")))
+        self._seq = int(self._segments[-1].stem.split("-")[1]) if self._segments else 0
+        self._spilled = sum(_count_lines(p) for p in self._segments)
+        self._bytes = sum(p.stat().st_size for p in self._segments)
+        self._open: IO[str] | None = None  # the last segment, while it takes more lines
+        self._open_lines = 0
+        self._loaded: Path | None = None  # the segment the oldest memory events came from
+        self._backed = 0  # how many of the oldest memory events are still in _loaded
+        self._full = False
+
+    def put(self, event: Event) -> None:
+        """Queue ``event`` (in memory, or spilled once memory is full or spill is pending)."""
+        with self._lock:
+            if len(self._memory) < self.memory_events and not self._segments:
+                self._memory.append(event)
+                return
+            self._spill(event)
+
+    def _spill(self, event: Event) -> None:
+        line = json.dumps(event_record(event)) + "\n"
+        size = len(line.encode())
+        if self._bytes + size > self.max_bytes:
+            self.dropped += 1
+            if not self._full:
+                logger.warning(
+                    "spill %s is at its bound of %d bytes: dropping new events until "
+                    "delivery makes room",
+                    self.spill_dir,
+                    self.max_bytes,
+                )
+            self._full = True
+            return
+        self._full = False
+        if self._open is None or self._open_lines >= self.segment_events:
+            self._close_open()
+            self._seq += 1
+            path = self.spill_dir / f"spill-{self._seq:09d}.jsonl"
+            self._segments.append(path)
+            self._open = path.open("a", encoding="utf-8")
+            self._open_lines = 0
+        self._open.write(line)
+        self._open_lines += 1
+        self._spilled += 1
+        self._bytes += size
+
+    def _close_open(self) -> None:
+        if self._open is not None:
+            with contextlib.suppress(OSError):
+                self._open.flush()
+                os.fsync(self._open.fileno())
+                self._open.close()
+            self._open = None
+
+    def sync(self) -> None:
+        """Flush the open segment to the disk (``fsync``)."""
+        with self._lock:
+            if self._open is not None:
+                self._open.flush()
+                os.fsync(self._open.fileno())
+
+    def peek(self, n: int) -> list[Event]:
+        """Up to ``n`` oldest events (refilling memory from the oldest spill segment)."""
+        with self._lock:
+            if not self._memory and self._segments:
+                self._refill()
+            return [self._memory[i] for i in range(min(n, len(self._memory)))]
+
+    def _refill(self) -> None:
+        segment = self._segments.popleft()
+        if not self._segments:
+            self._close_open()
+        lines = segment.read_text(encoding="utf-8").splitlines() if segment.exists() else []
+        events: list[Event] = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                events.append(_from_json(line))
+            except (ValueError, KeyError, TypeError):
+                self.corrupt += 1
+                logger.warning("spill %s: an unreadable line skipped", segment)
+        self._spilled -= sum(1 for line in lines if line.strip())
+        size = segment.stat().st_size if segment.exists() else 0
+        self._bytes -= size
+        self._memory.extend(events)
+        self._loaded, self._backed = segment, len(events)
+        if not events:
+            self._forget_loaded()
+
+    def _forget_loaded(self) -> None:
+        if self._loaded is not None:
+            self._loaded.unlink(missing_ok=True)
+        self._loaded, self._backed = None, 0
+
+    def spill_all(self) -> int:
+        """Put every in-memory event on disk (when delivery fails, and at shutdown);
+        returns how many were in memory. Events read from a segment that is still on disk
+        are not written again."""
+        with self._lock:
+            backed = self._backed
+            moved = list(self._memory)[backed:]
+            for _ in range(len(moved)):
+                self._memory.pop()
+            if self._open is not None:
+                self._open_lines = self.segment_events  # a new segment, after the older
+            for event in moved:
+                self._spill(event)
+            self._close_open()
+            return backed + len(moved)
+
+    def forget_memory(self) -> None:
+        """Let go of in-memory events that are still in their segment on disk (at
+        shutdown, after :meth:`spill_all`): the next start reads them from there."""
+        with self._lock:
+            self._memory.clear()
+            self._loaded, self._backed = None, 0
+
+    def drop(self, n: int) -> None:
+        """Remove the ``n`` oldest events (after they were delivered)."""
+        with self._lock:
+            n = min(n, len(self._memory))
+            for _ in range(n):
+                self._memory.popleft()
+            if self._loaded is not None:
+                self._backed -= min(n, self._backed)
+                if self._backed == 0:
+                    self._forget_loaded()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._memory) + self._spilled
+
+    @property
+    def in_memory(self) -> int:
+        """Events held in memory."""
+        with self._lock:
+            return len(self._memory)
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes of spill segments on disk not yet read back."""
+        with self._lock:
+            return self._bytes
+
+    def close(self) -> None:
+        """Close the open segment (synced)."""
+        with self._lock:
+            self._close_open()
+
+
+def _count_lines(path: Path) -> int:
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _from_json(line: str) -> Event:
+    return event_from_record(json.loads(line))
