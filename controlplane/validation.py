@@ -66,7 +66,7 @@ def duration_s(
     limit = limits.max_duration_s if maximum is None else maximum
     if not -999_999_999 <= value.nanos <= 999_999_999:
         raise InvalidInputError(field, f"nanos must be in ±999999999, got {value.nanos}")
-    seconds = value.seconds + value.nanos / 1e9
+    seconds = wire.seconds(value)
     if seconds < 0 or value.nanos < 0:
         raise InvalidInputError(field, f"must be >= 0, got {seconds!r} s")
     if seconds > limit:
@@ -80,7 +80,7 @@ def timestamp_s(field: str, value: Timestamp) -> float:
         raise InvalidInputError(field, f"nanos must be in 0..999999999, got {value.nanos}")
     if not 0 <= value.seconds <= 253_402_300_799:  # 9999-12-31
         raise InvalidInputError(field, "must be between 1970 and 9999")
-    return value.seconds + value.nanos / 1e9
+    return wire.timestamp_seconds(value)
 
 
 def _tool_call(i: int, event: events_pb2.ToolCallEvent, limits: Limits) -> ToolCall:

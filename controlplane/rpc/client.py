@@ -42,7 +42,7 @@ from controlplane._gen.cachettl.v1 import (
 )
 from controlplane.kvhints import envelope_from_proto
 from controlplane.records import MissReason, PinOutcome, ToolCall, TurnCache
-from controlplane.wire import timestamp
+from controlplane.wire import duration, seconds, timestamp
 from estimator import RequestFacts
 
 __all__ = [
@@ -102,18 +102,6 @@ class ClientTls:
         )
 
 
-def _duration(field: str, seconds: float) -> Duration:
-    if not math.isfinite(seconds):
-        raise ValueError(f"{field} must be finite, got {seconds!r}")
-    d = Duration()
-    d.FromNanoseconds(round(seconds * 1e9))
-    return d
-
-
-def _seconds(d: Duration) -> float:
-    return d.seconds + d.nanos / 1e9
-
-
 def to_event(call: ToolCall) -> events_pb2.ToolCallEvent:
     """The wire form of a tool call (raises ValueError on NaN/infinite durations)."""
     event = events_pb2.ToolCallEvent(
@@ -121,18 +109,16 @@ def to_event(call: ToolCall) -> events_pb2.ToolCallEvent:
         program_id=call.program_id,
         tool_name=call.tool_name,
         tool_args=call.tool_args,
-        duration=_duration("duration_s", call.duration_s),
+        duration=duration(call.duration_s, "duration_s"),
         turn_index=call.turn_index,
         pin_outcome=int(call.pin_outcome),  # type: ignore[arg-type]
     )
     if call.finished_at is not None:
-        at = Timestamp()
-        at.FromNanoseconds(round(call.finished_at * 1e9))
-        event.finished_at.CopyFrom(at)
+        event.finished_at.CopyFrom(timestamp(call.finished_at))
     if call.chosen_ttl_s is not None:
-        event.chosen_ttl.CopyFrom(_duration("chosen_ttl_s", call.chosen_ttl_s))
+        event.chosen_ttl.CopyFrom(duration(call.chosen_ttl_s, "chosen_ttl_s"))
     if call.admission_delay_s is not None:
-        event.admission_delay.CopyFrom(_duration("admission_delay_s", call.admission_delay_s))
+        event.admission_delay.CopyFrom(duration(call.admission_delay_s, "admission_delay_s"))
     _cache_fields(event, call.cache)
     return event
 
@@ -142,7 +128,7 @@ def _cache_fields(event: events_pb2.ToolCallEvent, cache: TurnCache) -> None:
     event.miss_reason = int(cache.reason)  # type: ignore[assignment]
     event.not_pinned_cause = int(cache.not_pinned_cause)  # type: ignore[assignment]
     if cache.expired_by_s is not None:
-        event.expired_by.CopyFrom(_duration("expired_by_s", cache.expired_by_s))
+        event.expired_by.CopyFrom(duration(cache.expired_by_s, "expired_by_s"))
     for name, value in (
         ("diverged_at_token", cache.diverged_at),
         ("hit_tokens", cache.hit_tokens),
@@ -167,9 +153,9 @@ def to_decide_request(facts: RequestFacts) -> ttl_pb2.DecideTtlRequest:
         offloaded_tokens=facts.offloaded_tokens,
     )
     if facts.reload_cost_s is not None:
-        request.reload_cost.CopyFrom(_duration("reload_cost_s", facts.reload_cost_s))
+        request.reload_cost.CopyFrom(duration(facts.reload_cost_s, "reload_cost_s"))
     if facts.queue_delay_s is not None:
-        request.queue_delay.CopyFrom(_duration("queue_delay_s", facts.queue_delay_s))
+        request.queue_delay.CopyFrom(duration(facts.queue_delay_s, "queue_delay_s"))
     return request
 
 
@@ -217,7 +203,7 @@ class ControlPlaneClient:
         """
         request = events_pb2.RecordProgramEndRequest(program_id=program_id, total_turns=total_turns)
         if finished_at is not None:
-            request.finished_at.FromNanoseconds(round(finished_at * 1e9))
+            request.finished_at.CopyFrom(timestamp(finished_at))
         return not self._events.RecordProgramEnd(request, **self._kw()).duplicate
 
     # -- decisions --------------------------------------------------------------------
@@ -265,12 +251,12 @@ class ControlPlaneClient:
         ignored: the server takes both from the token)."""
         r = self._ttl.DecideTtl(to_decide_request(facts), **self._kw())
         return TtlDecision(
-            _seconds(r.ttl),
+            seconds(r.ttl),
             r.return_probability,
-            _seconds(r.expected_benefit),
+            seconds(r.expected_benefit),
             r.basis,
             r.model_version,
-            _seconds(r.benefit),
+            seconds(r.benefit),
             envelope_from_proto(r.kv_hints) if r.HasField("kv_hints") else None,
         )
 

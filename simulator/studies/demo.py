@@ -109,7 +109,7 @@ class RemotePolicy(Cachettl):
 def _learned(client: Any, context_tokens: int) -> list[str]:
     lines = ["What the control plane learned:", ""]
     stats = client.workload_stats()
-    queue = stats.queue_delay.seconds + stats.queue_delay.nanos / 1e9
+    queue = seconds(stats.queue_delay)
     lines.append(
         f"  η = {stats.eta:.3f} over {stats.programs_in_window} programs; "
         f"T = {queue:.2f} s over {stats.queue_samples} delays; {stats.tool_calls} tool calls"
@@ -121,7 +121,7 @@ def _learned(client: Any, context_tokens: int) -> list[str]:
         keys = [(tool.tool_name, "")] + [(tool.tool_name, s) for s in tool.signatures]
         for name, signature in keys:
             dist = client.tool_distribution(name, signature.replace("+", " && "))
-            q = {round(x.q, 2): x.value.seconds + x.value.nanos / 1e9 for x in dist.quantiles}
+            q = {round(x.q, 2): seconds(x.value) for x in dist.quantiles}
             ttl = client.decide_ttl(name, signature.replace("+", " && "), context_tokens)
             label = name if not signature else f"  {signature}"
             lines.append(
