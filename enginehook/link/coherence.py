@@ -1,0 +1,147 @@
+"""The engine's side of pin coherence: report turn arrivals, hear which programs moved away.
+
+Behind a router that moves a program (a session-blind policy, a rebalance, an engine added
+or removed), the engine the program left would hold its pin until the TTL and, if the
+program ever came back, count the whole absence as one long tool call. The control plane
+sees every engine's arrivals (:mod:`controlplane.coherence`) and tells the engine a program
+left; the hook then drops the pin at once and reports the tool call with the duration it
+really had (:meth:`enginehook.core.lifecycle.PinController.moved_away`).
+
+Cost on the scheduler's thread: :meth:`CoherenceLink.arrived` is one ``deque.append`` and
+:meth:`CoherenceLink.moved` one truthiness test when nothing moved. A reporter thread sends
+arrivals in batches every :attr:`~CoherenceLink.interval_s`; a watcher thread follows
+``WatchMoves`` and reconnects with back-off. Arrivals are hints: when the control plane is
+down they are dropped (counted), never buffered without bound, and the engine falls back to
+what it does without coherence (the pin lives until its TTL).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
+
+from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
+from controlplane.wire import timestamp_seconds
+
+__all__ = ["BATCH", "CoherenceClient", "CoherenceLink", "Moved"]
+
+logger = logging.getLogger("enginehook.link.coherence")
+
+#: Most arrivals in one report (the server's bound).
+BATCH = 1000
+#: A program that moved: its id and when its turn arrived at the other engine.
+Moved = tuple[str, float]
+
+
+class CoherenceClient(Protocol):
+    """What the link needs of ``controlplane.rpc.client.ControlPlaneClient``."""
+
+    def report_arrivals(self, engine_id: str, arrivals: Sequence[tuple[str, float]]) -> int: ...
+
+    def watch_moves(
+        self, engine_id: str, timeout_s: float | None = None
+    ) -> Iterator[WatchMovesResponse]: ...
+
+    def close(self) -> None: ...
+
+
+class CoherenceLink:
+    """Arrivals out, moves in, for one engine (``engine_id``) over ``client``.
+
+    ``on_moved`` (optional) is called on the watcher thread after a move is queued, so the
+    host can wake an idle engine loop to apply it. ``max_pending``: arrivals kept while the
+    reporter is behind or the control plane is down (the oldest go first, counted).
+    """
+
+    def __init__(
+        self,
+        client: CoherenceClient,
+        engine_id: str,
+        *,
+        interval_s: float = 0.05,
+        max_pending: int = 100_000,
+        retry_s: float = 1.0,
+        on_moved: Callable[[], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.engine_id = engine_id
+        self.interval_s = interval_s
+        self.retry_s = retry_s
+        self.on_moved = on_moved
+        self._arrivals: deque[tuple[str, float]] = deque(maxlen=max_pending)
+        self._moved: deque[Moved] = deque()
+        self._stop = threading.Event()
+        self.reported = 0
+        self.dropped = 0
+        self.received = 0
+        self._threads = [
+            threading.Thread(target=self._report_loop, name="cachettl-arrivals", daemon=True),
+            threading.Thread(target=self._watch_loop, name="cachettl-moves", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- the scheduler's thread ------------------------------------------------------------
+    def arrived(self, program_id: str, at: float) -> None:
+        """A turn of ``program_id`` arrived here at ``at`` (seconds since the epoch)."""
+        if len(self._arrivals) == self._arrivals.maxlen:
+            self.dropped += 1
+        self._arrivals.append((program_id, at))
+
+    def moved(self) -> list[Moved]:
+        """The programs that moved away since the last call (usually none)."""
+        if not self._moved:
+            return []
+        taken = []
+        while self._moved:
+            taken.append(self._moved.popleft())
+        return taken
+
+    # -- background threads ------------------------------------------------------------------
+    def _take(self) -> list[tuple[str, float]]:
+        batch: list[tuple[str, float]] = []
+        while self._arrivals and len(batch) < BATCH:
+            batch.append(self._arrivals.popleft())
+        return batch
+
+    def _report_loop(self) -> None:
+        failing = False
+        while not self._stop.wait(self.interval_s):
+            while batch := self._take():
+                try:
+                    self.client.report_arrivals(self.engine_id, batch)
+                except Exception as exc:
+                    self.dropped += len(batch)
+                    if not failing:
+                        logger.warning("CacheTTL pin coherence: arrivals not reported: %s", exc)
+                    failing = True
+                    break
+                self.reported += len(batch)
+                failing = False
+
+    def _watch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._follow(self.client.watch_moves(self.engine_id))
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                logger.warning("CacheTTL pin coherence: move stream lost (%s); retrying", exc)
+            self._stop.wait(self.retry_s)
+
+    def _follow(self, stream: Iterable[WatchMovesResponse]) -> None:
+        for moved in stream:
+            self._moved.append((moved.program_id, timestamp_seconds(moved.arrived_at)))
+            self.received += 1
+            if self.on_moved is not None:
+                self.on_moved()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop both threads (arrivals not yet reported are dropped: they are hints)."""
+        self._stop.set()
+        self.client.close()
+        for thread in self._threads:
+            thread.join(timeout_s)

@@ -1,0 +1,92 @@
+"""The engine's pin-coherence link against a real control plane on a port: two engines'
+links, one program moving between them, the one it left told within a second."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from controlplane.rpc.client import ControlPlaneClient
+from controlplane.service import ControlPlane
+from controlplane.storage import create_store
+from enginehook.link.coherence import CoherenceLink, Moved
+from tests.controlplane.conftest import ServerThread, running
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[ServerThread, str]]:
+    store = create_store("memory://")
+    plane = ControlPlane(store)
+    _, token = plane.create_tenant("acme")
+    with running(plane) as server:
+        yield server, token
+    store.close()
+
+
+def _link(server: ServerThread, token: str, engine: str, woken: list[str]) -> CoherenceLink:
+    client = ControlPlaneClient(server.target, token)
+    return CoherenceLink(client, engine, on_moved=lambda: woken.append(engine))
+
+
+def _moved_within(link: CoherenceLink, seconds: float) -> list[Moved]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if moved := link.moved():
+            return moved
+        time.sleep(0.01)
+    return []
+
+
+def _until_watching(a: CoherenceLink, b: CoherenceLink) -> None:
+    """Move a probe program from ``a`` to ``b`` until ``a`` hears of it (the watch stream
+    is registered), so the test's own move cannot race the stream's start."""
+    for attempt in range(50):
+        probe = f"probe-{attempt}"
+        a.arrived(probe, time.time())
+        time.sleep(0.1)
+        b.arrived(probe, time.time())
+        if any(program == probe for program, _ in _moved_within(a, 0.3)):
+            return
+    raise AssertionError("engine-a never heard a probe move")
+
+
+def test_the_engine_a_program_left_hears_of_it_within_a_second(
+    cluster: tuple[ServerThread, str],
+) -> None:
+    server, token = cluster
+    woken: list[str] = []
+    a, b = _link(server, token, "engine-a", woken), _link(server, token, "engine-b", woken)
+    try:
+        _until_watching(a, b)
+        a.arrived("p1", 100.0)
+        a.arrived("p2", 100.0)
+        time.sleep(0.2)  # both reported from engine-a first
+        moved_at = time.monotonic()
+        b.arrived("p1", 104.5)
+        assert _moved_within(a, 1.0) == [("p1", 104.5)]
+        assert time.monotonic() - moved_at < 1.0
+        assert "engine-a" in woken  # the host was asked to wake its engine loop
+        assert b.moved() == []  # nothing left engine-b
+        assert a.dropped == 0
+        assert a.reported >= 2
+    finally:
+        a.close()
+        b.close()
+
+
+def test_arrivals_are_dropped_and_counted_while_the_control_plane_is_down() -> None:
+    client = ControlPlaneClient("127.0.0.1:9", "token", timeout_s=0.2)  # nothing listens
+    link = CoherenceLink(client, "engine-a", max_pending=4, retry_s=0.1)
+    try:
+        for i in range(10):
+            link.arrived(f"p{i}", 1.0)
+        deadline = time.monotonic() + 5.0
+        while link.dropped < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert link.dropped == 10  # 6 over the bound at once, the rest when sending failed
+        assert link.reported == 0
+        assert link.moved() == []
+    finally:
+        link.close()
