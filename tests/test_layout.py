@@ -264,3 +264,14 @@ def test_the_layering_check_sees_hidden_imports(tmp_path: Path) -> None:
         ["a", "b", "c"]
     ]
     assert _part("enginehook.core.pins").forbid == ("vllm",)
+
+
+def test_proto_headers_name_the_real_generation_command() -> None:
+    """Each .proto file's header names the command that writes its generated code."""
+    wrong = []
+    for proto in sorted((ROOT / "proto").rglob("*.proto")):
+        lines = [line for line in proto.read_text().splitlines() if "Code generation" in line]
+        command = lines[0].partition("): ")[2].split() if lines else []
+        if command[-1:] != ["scripts/gen_proto.py"] or not (ROOT / command[-1]).is_file():
+            wrong.append(f"{proto.relative_to(ROOT)}: {lines}")
+    assert wrong == []
