@@ -23,7 +23,16 @@ Versions: ``action_version`` is ``MAJOR`` or ``MAJOR.MINOR``. Major 1 is accepte
 its minor (a later minor may add payload keys: unknown keys are ignored); another major is
 ignored with a debug log. Actions of other types are ignored (they are other components'),
 but every action must have the envelope's shape. A malformed envelope or retention payload
-raises ``ValueError`` naming the field path.
+raises :class:`HintError` (a ``ValueError``) naming the field path.
+
+Bounds (the envelope crosses a trust boundary: any HTTP client may send one):
+:data:`MAX_TEXT_CHARS` characters of JSON text, nesting depth :data:`MAX_DEPTH` (the
+envelope's own shape needs 4), integer literals of at most :data:`MAX_INT_DIGITS` digits,
+no ``NaN``/``Infinity``; ids of 256 characters, texts of 4096, 64 actions. Text is
+checked before it is parsed (:func:`loads_bounded`: the depth by a linear scan, so no
+recursive parse ever sees a deep document) and a given object is walked without
+recursion, so a hostile envelope raises :class:`HintError`, never ``RecursionError`` or
+``OverflowError``. Errors quote at most a short prefix of a value (:func:`quote`).
 
 Where an envelope comes from: ``Request.kv_hints`` (vLLM's offline API, routers lowering
 into vLLM), a plain JSON object (SGLang, Dynamo), or an HTTP body's ``kv_hints`` field,
@@ -37,7 +46,7 @@ which :class:`enginehook.sessions.SessionIdMiddleware` moves into ``vllm_xargs``
 >>> parse_kv_hints(envelope)
 Traceback (most recent call last):
 ...
-ValueError: kv_hints.actions[0].payload.ttl_s must be a finite number >= 0, got -1
+controlplane...HintError: kv_hints.actions[0].payload.ttl_s must be a finite number >= 0, got -1
 """
 
 from __future__ import annotations
@@ -58,16 +67,24 @@ if TYPE_CHECKING:
     from controlplane._gen.cachettl.v1 import ttl_pb2
 
 __all__ = [
+    "MAX_DEPTH",
+    "MAX_INT_DIGITS",
+    "MAX_TEXT_CHARS",
     "PROTOCOL_VERSION",
     "RETENTION_ACTION",
     "RETENTION_VERSION",
     "XARGS_KEY",
+    "HintError",
     "Retention",
+    "check_bounds",
     "envelope_from_proto",
     "envelope_to_proto",
+    "loads_bounded",
     "parse_kv_hints",
+    "quote",
     "retention_envelope",
     "to_vllm",
+    "within_depth",
 ]
 
 logger = logging.getLogger("enginehook")
@@ -92,6 +109,153 @@ _MAX_TEXT = 4096
 _SECONDS = ("ttl_s", "ttl_ceiling_s")
 _FLAGS = ("last_turn", "pin", "release")
 _TEXTS = ("tool", "tool_args")
+#: The longest envelope accepted as JSON text (characters).
+MAX_TEXT_CHARS = 64 * 1024
+#: The deepest nesting accepted in an envelope (objects and arrays).
+MAX_DEPTH = 16
+#: The most digits of an integer literal (a float literal is bounded by being finite).
+MAX_INT_DIGITS = 32
+_MAX_INT = 10**MAX_INT_DIGITS
+#: The most values (objects, arrays, scalars) in an envelope given as an object.
+_MAX_NODES = 16 * 1024
+#: Characters of a value quoted in an error message.
+_QUOTE = 40
+#: JSON text tokens that matter for depth: a whole string (skipped), an opening, a closing.
+_SCAN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|([\[{])|([\]}])')
+
+
+class HintError(ValueError):
+    """A malformed hint; ``field`` names it (``kv_hints.actions[0].payload.ttl_s``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message if message.startswith(field) else f"{field} {message}")
+        self.field = field
+
+
+def quote(value: Any) -> str:
+    """``value`` for an error message: at most a short prefix of it, never its whole text
+    (a client may send megabytes), and never a recursive ``repr``.
+
+    >>> quote("x" * 1000)
+    "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... (1000 characters)"
+    >>> quote([[[1]]]), quote(10**100), quote(-1)
+    ('an array', 'an integer of 101 digits', '-1')
+    """
+    if isinstance(value, str | bytes):
+        more = f"... ({len(value)} characters)" if len(value) > _QUOTE else ""
+        return repr(value[:_QUOTE]) + more
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**_QUOTE:
+        return f"an integer of {_digits(value)} digits"
+    if isinstance(value, bool | int | float) or value is None:
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return f"a {type(value).__name__}"
+
+
+def _digits(value: int) -> str:
+    """How many digits ``value`` has (``str()`` refuses ints of over 4300 digits)."""
+    if value.bit_length() < 10_000:
+        return str(len(str(abs(value))))
+    return f"about {int(value.bit_length() * math.log10(2)) + 1}"
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"an integer literal of {digits} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"a number out of range: {text[:_QUOTE]}")
+    return value
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def loads_bounded(
+    text: str | bytes, where: str, *, max_chars: int = MAX_TEXT_CHARS, max_depth: int = MAX_DEPTH
+) -> Any:
+    """JSON ``text`` parsed within bounds: at most ``max_chars`` characters, nesting at
+    most ``max_depth`` deep (checked by a linear scan before parsing), integer literals of
+    at most :data:`MAX_INT_DIGITS` digits, finite numbers only. Raises :class:`HintError`
+    naming ``where``.
+
+    >>> loads_bounded('{"a": [1, 2.5]}', "x")
+    {'a': [1, 2.5]}
+    >>> loads_bounded("[" * 100 + "]" * 100, "kv_hints")
+    Traceback (most recent call last):
+    ...
+    controlplane.kvhints.HintError: kv_hints must nest at most 16 deep
+    >>> loads_bounded('{"ttl_s": 1e400}', "kv_hints")
+    Traceback (most recent call last):
+    ...
+    controlplane.kvhints.HintError: kv_hints must be a JSON object: a number out of range: 1e400
+    """
+    if len(text) > max_chars:
+        raise HintError(where, f"must be at most {max_chars} characters, got {len(text)}")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode()
+        except UnicodeDecodeError:
+            raise HintError(where, "must be UTF-8 text") from None
+    if not within_depth(text, max_depth):
+        raise HintError(where, f"must nest at most {max_depth} deep")
+    try:
+        return json.loads(
+            text,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            parse_constant=_no_constant,
+        )
+    except ValueError as exc:
+        message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise HintError(where, f"must be a JSON object: {message}") from None
+
+
+def within_depth(text: str, max_depth: int) -> bool:
+    """Whether no object or array in JSON ``text`` nests deeper than ``max_depth`` (strings
+    skipped whole; malformed text is left to the parser)."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return True
+    depth = 0
+    for match in _SCAN.finditer(text):
+        if match.lastindex == 1:
+            depth += 1
+            if depth > max_depth:
+                return False
+        elif match.lastindex == 2:
+            depth -= 1
+    return True
+
+
+def check_bounds(value: Any, where: str, *, max_depth: int = MAX_DEPTH) -> None:
+    """Raise :class:`HintError` when ``value`` (JSON-like objects) nests deeper than
+    ``max_depth``, holds more than 16,384 values, or holds an integer over
+    :data:`MAX_INT_DIGITS` digits or a non-finite float. Walks without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    seen = 0
+    while stack:
+        item, depth = stack.pop()
+        seen += 1
+        if seen > _MAX_NODES:
+            raise HintError(where, f"must hold at most {_MAX_NODES} values")
+        if isinstance(item, Mapping | list | tuple):
+            if depth > max_depth:
+                raise HintError(where, f"must nest at most {max_depth} deep")
+            children = item.values() if isinstance(item, Mapping) else item
+            stack.extend((child, depth + 1) for child in children)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise HintError(where, f"must hold finite numbers only, got {item!r}")
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) >= _MAX_INT:
+            raise HintError(where, f"must hold integers of at most {MAX_INT_DIGITS} digits")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,32 +281,33 @@ _KEYS = tuple(f.name for f in fields(Retention))
 
 
 def _as_mapping(value: Any, where: str) -> Any:
-    """An envelope as plain JSON values: from a vLLM/msgspec struct, JSON text or a dict."""
+    """An envelope as plain JSON values within the bounds: from a vLLM/msgspec struct,
+    JSON text or a dict."""
+    if isinstance(value, str | bytes):
+        return loads_bounded(value, where)
     if hasattr(value, "__struct_fields__"):
         import msgspec
 
-        return msgspec.to_builtins(value)
-    if isinstance(value, str | bytes):
-        try:
-            return json.loads(value)
-        except ValueError as exc:
-            raise ValueError(f"{where} must be a JSON object: {exc}") from None
+        value = msgspec.to_builtins(value)
+    check_bounds(value, where)
     return value
 
 
 def _string(obj: Mapping[str, Any], key: str, where: str, limit: int = _MAX_ID) -> str:
     value = obj.get(key)
     if not isinstance(value, str):
-        raise ValueError(f"{where}.{key} must be a string, got {value!r}")
+        raise HintError(f"{where}.{key}", f"must be a string, got {quote(value)}")
     if len(value) > limit:
-        raise ValueError(f"{where}.{key} must be at most {limit} characters, got {len(value)}")
+        raise HintError(f"{where}.{key}", f"must be at most {limit} characters, got {len(value)}")
     return value
 
 
 def _major(version: str, where: str) -> int:
     match = _VERSION.match(version)
     if match is None:
-        raise ValueError(f"{where}.action_version must be MAJOR or MAJOR.MINOR, got {version!r}")
+        raise HintError(
+            f"{where}.action_version", f"must be MAJOR or MAJOR.MINOR, got {quote(version)}"
+        )
     return int(match.group(1))
 
 
@@ -151,15 +316,17 @@ def _seconds(payload: Mapping[str, Any], key: str, where: str) -> float | None:
     if value is None:
         return None
     ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{where}.{key} must be a finite number >= 0, got {value!r}")
+    if not ok or (isinstance(value, float) and not math.isfinite(value)) or value < 0:
+        raise HintError(f"{where}.{key}", f"must be a finite number >= 0, got {quote(value)}")
+    if isinstance(value, int) and value >= _MAX_INT:
+        raise HintError(f"{where}.{key}", f"must be a finite number >= 0, got {quote(value)}")
     return float(value)
 
 
 def _flag(payload: Mapping[str, Any], key: str, where: str) -> bool | None:
     value = payload.get(key)
     if value is not None and not isinstance(value, bool):
-        raise ValueError(f"{where}.{key} must be true or false, got {value!r}")
+        raise HintError(f"{where}.{key}", f"must be true or false, got {quote(value)}")
     return value
 
 
@@ -171,7 +338,7 @@ def _text(payload: Mapping[str, Any], key: str, where: str) -> str | None:
 
 def _retention(payload: Any, where: str) -> Retention:
     if not isinstance(payload, Mapping):
-        raise ValueError(f"{where} must be an object, got {payload!r}")
+        raise HintError(where, f"must be an object, got {quote(payload)}")
     values: dict[str, Any] = {k: _seconds(payload, k, where) for k in _SECONDS}
     values.update({k: _flag(payload, k, where) for k in _FLAGS})
     values.update({k: _text(payload, k, where) for k in _TEXTS})
@@ -184,31 +351,32 @@ def parse_kv_hints(value: Any, where: str = "kv_hints") -> Retention | None:
     the field path in errors."""
     envelope = _as_mapping(value, where)
     if not isinstance(envelope, Mapping):
-        raise ValueError(f"{where} must be an object, got {envelope!r}")
+        raise HintError(where, f"must be an object, got {quote(envelope)}")
     _string(envelope, "protocol_version", where)
     _string(envelope, "message_id", where)
     actions = envelope.get("actions")
     if not isinstance(actions, list):
-        raise ValueError(f"{where}.actions must be a list, got {actions!r}")
+        raise HintError(f"{where}.actions", f"must be a list, got {quote(actions)}")
     if len(actions) > _MAX_ACTIONS:
-        raise ValueError(f"{where}.actions must hold at most {_MAX_ACTIONS}, got {len(actions)}")
+        raise HintError(f"{where}.actions", f"must hold at most {_MAX_ACTIONS}, got {len(actions)}")
     found: Retention | None = None
     for i, action in enumerate(actions):
         at = f"{where}.actions[{i}]"
         if not isinstance(action, Mapping):
-            raise ValueError(f"{at} must be an object, got {action!r}")
+            raise HintError(at, f"must be an object, got {quote(action)}")
         kind = _string(action, "action_type", at)
         _string(action, "action_id", at)
         version = _string(action, "action_version", at)
         if not isinstance(action.get("payload"), Mapping):
-            raise ValueError(f"{at}.payload must be an object, got {action.get('payload')!r}")
+            payload = quote(action.get("payload"))
+            raise HintError(f"{at}.payload", f"must be an object, got {payload}")
         if kind != RETENTION_ACTION:
             continue
         if _major(version, at) != _MAJOR:
             logger.debug("ignoring %s: %s version %s is not %d.x", at, kind, version, _MAJOR)
             continue
         if found is not None:
-            raise ValueError(f"{at}: at most one {RETENTION_ACTION} action per envelope")
+            raise HintError(at, f"{at}: at most one {RETENTION_ACTION} action per envelope")
         found = _retention(action["payload"], f"{at}.payload")
     return found
 

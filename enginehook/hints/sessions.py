@@ -24,8 +24,13 @@ session identity; the cache key last. When the winner is not one of vLLM's own, 
 middleware hands it to vLLM unchanged: a header's bytes as ``X-Session-ID``,
 ``prompt_cache_key`` as ``vllm_xargs.session_id`` (a JSON string, so any text survives).
 The winning id must be 1..256 characters without control characters (the control plane's
-program-id limit); otherwise the answer is HTTP 400 naming the header or field. Ids that
-do not win are not looked at.
+program-id limit; printable text in any script is accepted, only Unicode control
+characters, category ``Cc``, are refused); otherwise the answer is HTTP 400 naming the
+header or field. A header's id is counted in bytes (vLLM reads header bytes as Latin-1, one
+character a byte) and must be UTF-8. Ids that do not win are not looked at, but every
+header the middleware reads (:data:`SOURCES`' headers, :data:`AGENT_HEADERS`,
+:data:`PARENT_HEADER`, :data:`FINAL_HEADER`) must come at most once: vLLM reads the first
+of two ``X-Session-ID`` headers, so two of any is HTTP 400 naming the header.
 
 Sub-agents (:data:`AGENT_HEADERS`): Claude Code sends its sub-agents' requests (the Agent
 or Task tool) with the parent's ``X-Claude-Code-Session-Id`` and the sub-agent's own
@@ -55,9 +60,17 @@ per-session state can be released at once) becomes the flat ``release`` hint in
 ``vllm_xargs``: the session's pin goes when the request arrives (an envelope's ``release``
 still wins over it, as over every flat hint).
 
-Only ``POST`` to :data:`PATHS` is looked at. A body over ``max_body_bytes`` (default
-32 MiB), one that is not a JSON object, and every other request pass through untouched.
-Unit-testable without vLLM (plain ASGI).
+``vllm_xargs``' flat hint keys are checked as the engine reads them
+(:meth:`enginehook.hints.flat.Hints.from_extra_args`): a bad value is HTTP 400 naming
+``vllm_xargs.<key>``.
+
+Only ``POST`` to :data:`PATHS` is looked at. A body nested deeper than
+:data:`MAX_BODY_DEPTH` is HTTP 400 naming ``body`` (checked by a linear scan before it is
+parsed). A body over ``max_body_bytes`` (default 32 MiB) or one that is not a JSON object
+passes through with only its ``X-Session-ID`` checked (duplicates, length, control
+characters: the one header vLLM reads itself); every other request passes through
+untouched. Error messages quote at most a short prefix of a value. Unit-testable without
+vLLM (plain ASGI).
 """
 
 from __future__ import annotations
@@ -68,11 +81,13 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.kvhints import XARGS_KEY, parse_kv_hints
+from controlplane.kvhints import XARGS_KEY, HintError, parse_kv_hints, quote, within_depth
+from enginehook.hints.flat import Hints, control_character
 
 __all__ = [
     "AGENT_HEADERS",
     "FINAL_HEADER",
+    "MAX_BODY_DEPTH",
     "MAX_SESSION_ID",
     "PARENT_HEADER",
     "PATHS",
@@ -83,6 +98,7 @@ __all__ = [
     "carry_kv_hints",
     "choose_session",
     "parent_session",
+    "read_headers",
     "session_final",
 ]
 
@@ -122,8 +138,16 @@ FINAL_HEADER = "x-dynamo-session-final"
 #: The longest session id accepted (the control plane's program-id limit).
 MAX_SESSION_ID = 256
 _MAX_BODY = 32 * 1024 * 1024
+#: The deepest nesting of objects and arrays accepted in a body (tool schemas included).
+MAX_BODY_DEPTH = 128
 #: Names that are both a header source and a body field: errors say "header <name>".
 _AMBIGUOUS = {n for k, n, _ in SOURCES if k == "header"} & {n for k, n, _ in SOURCES if k == "body"}
+#: Every header the middleware reads: each may come at most once.
+_READ_HEADERS = frozenset(
+    [n for k, n, _ in SOURCES if k == "header"]
+    + [h for pair in AGENT_HEADERS for h in pair]
+    + [PARENT_HEADER, FINAL_HEADER]
+)
 
 
 class MalformedRequestError(ValueError):
@@ -148,14 +172,41 @@ class SessionChoice:
     agent: str | None = None
 
 
-def _check(source: str, value: str) -> str:
-    if len(value) > MAX_SESSION_ID:
-        limit = f"must be at most {MAX_SESSION_ID} characters, got {len(value)}"
-        raise MalformedRequestError(source, limit)
-    bad = next((c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F), None)
+def _check(source: str, value: str, header: bool = False) -> str:
+    """``value`` if it is a valid session id (a header's: its UTF-8 text, counted in
+    bytes, as vLLM reads one character a byte); else :class:`MalformedRequestError`."""
+    size = len(value.encode("utf-8", "surrogateescape")) if header else len(value)
+    if size > MAX_SESSION_ID:
+        unit = "characters" if value.isascii() or not header else "bytes of UTF-8"
+        raise MalformedRequestError(source, f"must be at most {MAX_SESSION_ID} {unit}, got {size}")
+    if header and any("\udc80" <= c <= "\udcff" for c in value):
+        raise MalformedRequestError(source, "must be UTF-8 text")
+    bad = control_character(value)
     if bad is not None:
         raise MalformedRequestError(source, f"must not contain control characters, got {bad!r}")
     return value
+
+
+def read_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request's headers by lower-case name, values decoded as UTF-8 (bytes that are
+    not UTF-8 kept as surrogates, so the id's bytes can be handed on as received). Raises
+    :class:`MalformedRequestError` when a header the middleware reads comes twice.
+
+    >>> read_headers([(b"X-Session-ID", "Zürich-1".encode())])
+    {'x-session-id': 'Zürich-1'}
+    >>> read_headers([(b"X-Session-ID", b"a"), (b"x-session-id", b"b")])
+    Traceback (most recent call last):
+    ...
+    enginehook...MalformedRequestError: x-session-id must be sent at most once, got 2
+    """
+    headers: dict[str, str] = {}
+    for key, value in raw:
+        name = key.decode("latin-1").lower()
+        if name in headers and name in _READ_HEADERS:
+            count = sum(k.decode("latin-1").lower() == name for k, _ in raw)
+            raise MalformedRequestError(name, f"must be sent at most once, got {count}")
+        headers[name] = value.decode("utf-8", "surrogateescape")
+    return headers
 
 
 def _body_value(body: Mapping[str, Any] | None, name: str) -> Any:
@@ -191,10 +242,9 @@ def choose_session(
         else:
             value = _body_value(body, name)
         if isinstance(value, str) and value:
-            return _qualified(
-                SessionChoice(_check(_where(kind, name), value), name, own, kind == "header"),
-                headers,
-            )
+            header = kind == "header"
+            checked = _check(_where(kind, name), value, header)
+            return _qualified(SessionChoice(checked, name, own, header), headers)
     return None
 
 
@@ -208,9 +258,9 @@ def _qualified(choice: SessionChoice, headers: Mapping[str, str]) -> SessionChoi
     for agent_header, session_header in AGENT_HEADERS:
         agent = headers.get(agent_header)
         if agent and headers.get(session_header) == choice.session_id:
-            _check(agent_header, agent)
+            _check(agent_header, agent, header=True)
             qualified = f"{choice.session_id}/{agent}"
-            if len(qualified) > MAX_SESSION_ID:
+            if len(qualified.encode("utf-8", "surrogateescape")) > MAX_SESSION_ID:
                 limit = f"makes the program id {len(qualified)} characters, over {MAX_SESSION_ID}"
                 raise MalformedRequestError(agent_header, limit)
             return SessionChoice(qualified, choice.source, False, choice.header, agent_header)
@@ -235,7 +285,7 @@ def parent_session(headers: Mapping[str, str], choice: SessionChoice | None) -> 
     parent = headers.get(PARENT_HEADER)
     if not parent or parent == choice.session_id:
         return None
-    return _check(PARENT_HEADER, parent)
+    return _check(PARENT_HEADER, parent, header=True)
 
 
 def session_final(headers: Mapping[str, str]) -> bool:
@@ -244,7 +294,7 @@ def session_final(headers: Mapping[str, str]) -> bool:
     Raises :class:`MalformedRequestError` for a value other than true/false/1/0."""
     value = headers.get(FINAL_HEADER, "").strip().lower()
     if value not in ("", "true", "false", "1", "0"):
-        raise MalformedRequestError(FINAL_HEADER, f"must be true or false, got {value!r}")
+        raise MalformedRequestError(FINAL_HEADER, f"must be true or false, got {quote(value)}")
     return value in ("true", "1")
 
 
@@ -256,6 +306,8 @@ def carry_kv_hints(body: dict[str, Any]) -> bool:
         if "kv_hints" not in body:
             return False  # vLLM answers for its own field
         raise MalformedRequestError("vllm_xargs", "must be an object to carry kv_hints")
+    if xargs:
+        _checked_flat(xargs)
     carried = (xargs or {}).get(XARGS_KEY)
     if "kv_hints" not in body:
         if carried is not None:
@@ -270,12 +322,20 @@ def carry_kv_hints(body: dict[str, Any]) -> bool:
     return True
 
 
+def _checked_flat(xargs: Mapping[str, Any]) -> None:
+    """The flat hint keys of ``vllm_xargs``, checked as the engine will read them."""
+    try:
+        Hints.from_extra_args(xargs)
+    except HintError as exc:
+        raise MalformedRequestError(exc.field, str(exc)) from None
+
+
 def _checked_envelope(envelope: Any, where: str) -> None:
     if where == "kv_hints" and not isinstance(envelope, Mapping):
-        raise MalformedRequestError(where, f"must be an object, got {envelope!r}")
+        raise MalformedRequestError(where, f"must be an object, got {quote(envelope)}")
     try:
         parse_kv_hints(envelope, where)
-    except ValueError as exc:
+    except HintError as exc:
         raise MalformedRequestError(where, str(exc)) from None
 
 
@@ -288,49 +348,41 @@ class SessionIdMiddleware:
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self._looks_at(scope):
+        looks = self._looks_at(scope)
+        if looks is None:
             await self.app(scope, receive, send)
             return
-        messages, raw = await self._read(receive)
-        body = _json_object(raw)
-        if raw is None or body is None:
-            await self.app(scope, _replay(messages, receive), send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        messages: list[Message] = []
+        changed, header = False, None
         try:
-            changed = carry_kv_hints(body)
-            choice = choose_session(headers, body, scope["path"])
-            final = session_final(headers)
-            parent = parent_session(headers, choice)
+            headers = read_headers(scope["headers"])
+            raw = None
+            if looks:  # else over the body limit: only the header vLLM reads is checked
+                messages, raw = await self._read(receive)
+            body = _json_object(raw)
+            if body is None:
+                _vllms_header(headers)
+            else:
+                changed, header = _rewrite(headers, body, scope["path"])
         except MalformedRequestError as exc:
             await _bad_request(send, exc)
             return
-        header = None  # the X-Session-ID to send in place of the request's
-        if choice is not None and not choice.vllm_reads:
-            if choice.source == "session_id" and not choice.header:  # vLLM's own, qualified
-                body["session_id"], changed = choice.session_id, True
-            elif choice.header:
-                header = choice.session_id.encode("latin-1")  # the header's bytes, as received
-            else:
-                changed = _set_xargs(body, "session_id", choice.session_id) or changed
-        if final:
-            changed = _set_xargs(body, "release", True) or changed
-        if parent is not None:
-            changed = _set_xargs(body, "parent_session_id", parent) or changed
-        if not (changed or header):
+        if body is None or not (changed or header):
             await self.app(scope, _replay(messages, receive), send)
             return
-        if changed:
+        if changed or raw is None:
             raw = json.dumps(body).encode()
         scope = dict(scope)
         scope["headers"] = _headers(scope["headers"], len(raw), header)
         await self.app(scope, _replay([_body_message(raw)], receive), send)
 
-    def _looks_at(self, scope: Scope) -> bool:
+    def _looks_at(self, scope: Scope) -> bool | None:
+        """``None``: not a request the middleware reads; ``False``: one whose body is over
+        the limit (its headers are still checked); ``True``: read it."""
         if scope.get("type") != "http" or scope.get("method") != "POST":
-            return False
+            return None
         if scope.get("path") not in PATHS:
-            return False
+            return None
         for name, value in scope.get("headers", ()):
             if name.lower() == b"content-length":
                 try:
@@ -360,11 +412,52 @@ class SessionIdMiddleware:
                 return messages, b"".join(chunks)
 
 
+def _rewrite(
+    headers: Mapping[str, str], body: dict[str, Any], path: str
+) -> tuple[bool, bytes | None]:
+    """Check the request and edit ``body`` in place for vLLM: whether the body changed,
+    and the ``X-Session-ID`` to send in place of the request's (``None``: keep it).
+    Raises :class:`MalformedRequestError` naming the header or field."""
+    changed = carry_kv_hints(body)
+    choice = choose_session(headers, body, path)
+    final = session_final(headers)
+    parent = parent_session(headers, choice)
+    header = None
+    if choice is not None and not choice.vllm_reads:
+        if choice.source == "session_id" and not choice.header:  # vLLM's own, qualified
+            body["session_id"], changed = choice.session_id, True
+        elif choice.header:
+            header = choice.session_id.encode("utf-8", "surrogateescape")  # as received
+        else:
+            changed = _set_xargs(body, "session_id", choice.session_id) or changed
+    if final:
+        changed = _set_xargs(body, "release", True) or changed
+    if parent is not None:
+        changed = _set_xargs(body, "parent_session_id", parent) or changed
+    return changed, header
+
+
+def _vllms_header(headers: Mapping[str, str]) -> None:
+    """Check the ``X-Session-ID`` vLLM reads itself, on a body the middleware passes on."""
+    value = headers.get("x-session-id")
+    if value:
+        _check("x-session-id", value, header=True)
+
+
 def _json_object(raw: bytes | None) -> dict[str, Any] | None:
+    """The body as a JSON object (``None``: not one; vLLM answers for it). Raises
+    :class:`MalformedRequestError` naming ``body`` when it nests deeper than
+    :data:`MAX_BODY_DEPTH`, checked before any recursive parse."""
     if not raw:
         return None
     try:
-        body = json.loads(raw)
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return None
+    if not within_depth(text, MAX_BODY_DEPTH):
+        raise MalformedRequestError("body", f"must nest at most {MAX_BODY_DEPTH} deep")
+    try:
+        body = json.loads(text)
     except ValueError:
         return None  # vLLM answers for a body it cannot parse
     return body if isinstance(body, dict) else None

@@ -26,11 +26,13 @@ import bisect
 import threading
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 from controlplane.records import NotPinnedCause, TurnCache
 
-__all__ = ["EXPIRED_BY_BUCKETS_S", "HookMetrics"]
+__all__ = ["EXPIRED_BY_BUCKETS_S", "METRICS_MAX_CONNECTIONS", "METRICS_THREADS", "HookMetrics"]
 
 #: Upper bounds (seconds) of the expired-by histogram's buckets (then +Inf).
 EXPIRED_BY_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -61,6 +63,8 @@ class HookMetrics:
         self.expired_by_buckets = [0] * (len(EXPIRED_BY_BUCKETS_S) + 1)
         self.expired_by_sum = 0.0
         self._sink_counters: Callable[[], list[tuple[str, str, int]]] = list
+        #: Exceptions of the hook's own code caught before vLLM, by hook.
+        self.faults: Counter[str] = Counter()
 
     def set_cpu_tier(self, on: bool, connectors: str = "") -> None:
         """Whether TTL decisions price a miss as a reload from a CPU tier, and the KV
@@ -126,6 +130,11 @@ class HookMetrics:
             self.hook_seconds += hook_seconds
             self.vllm_schedule_seconds += vllm_seconds
 
+    def fault(self, hook: str) -> None:
+        """The hook's own code raised in ``hook`` (caught: the engine went on)."""
+        with self._lock:
+            self.faults[hook] += 1
+
     def emitted(self) -> None:
         """An event left for the control plane's queue."""
         with self._lock:
@@ -150,6 +159,7 @@ class HookMetrics:
                 "cpu_tier": self.cpu_tier,
                 "cpu_tier_connectors": self.cpu_tier_connectors,
                 "passthrough": self.passthrough,
+                "faults": dict(self.faults),
                 "returning_turns": dict(self.returning),
                 "turn_misses": {f"{r}/{c}" if c else r: n for (r, c), n in self.misses.items()},
                 "expired_by_buckets": list(self.expired_by_buckets),
@@ -183,6 +193,10 @@ class HookMetrics:
             for b, n in sorted(s["decisions"].items())
         ]
         lines += self._turn_lines(s)
+        lines.append("# TYPE cachettl_hook_faults_total counter")
+        lines += [
+            f'cachettl_hook_faults_total{{hook="{h}"}} {n}' for h, n in sorted(s["faults"].items())
+        ]
         lines += [
             "# TYPE cachettl_cpu_tier gauge",
             f'cachettl_cpu_tier{{connector="{s["cpu_tier_connectors"]}"}} {int(s["cpu_tier"])}',
@@ -221,11 +235,20 @@ class HookMetrics:
         return lines
 
 
+#: Threads that answer the metrics endpoint, connections it holds at most (answered or
+#: waiting for a thread; a connection past that is closed at once and counted), and how
+#: long one connection may take to send its request.
+METRICS_THREADS = 4
+METRICS_MAX_CONNECTIONS = 64
+METRICS_TIMEOUT_S = 5.0
+
+
 def serve_metrics(metrics: HookMetrics, listen: str) -> tuple[Any, int]:
     """Serve ``GET /metrics`` (Prometheus text) on ``listen`` ("host:port", port 0: any)
-    from a daemon thread; returns the server and its port."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
+    from a daemon thread; returns the server and its port. Requests are answered by
+    :data:`METRICS_THREADS` threads; at most :data:`METRICS_MAX_CONNECTIONS` connections
+    are held (more are closed and counted in the server's ``refused``), each for at most
+    :data:`METRICS_TIMEOUT_S` seconds of silence."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(
@@ -233,6 +256,8 @@ def serve_metrics(metrics: HookMetrics, listen: str) -> tuple[Any, int]:
         )
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = METRICS_TIMEOUT_S
+
         def do_GET(self) -> None:
             if self.path != "/metrics":
                 self.send_error(404)
@@ -247,6 +272,38 @@ def serve_metrics(metrics: HookMetrics, listen: str) -> tuple[Any, int]:
         def log_message(self, *args: Any) -> None:
             return
 
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    server = _PooledHTTPServer((host or "127.0.0.1", int(port)), Handler)
     threading.Thread(target=server.serve_forever, name="cachettl-metrics", daemon=True).start()
     return server, int(server.server_address[1])
+
+
+class _PooledHTTPServer(HTTPServer):
+    """An HTTP server whose requests run on a fixed pool of threads, holding a bounded
+    number of connections."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pool = ThreadPoolExecutor(METRICS_THREADS, thread_name_prefix="cachettl-metrics")
+        self._slots = threading.BoundedSemaphore(METRICS_MAX_CONNECTIONS)
+        #: Connections closed unanswered because the bound was reached.
+        self.refused = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        self._pool.submit(self._handle, request, client_address)
+
+    def _handle(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self._slots.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._pool.shutdown(wait=False, cancel_futures=True)

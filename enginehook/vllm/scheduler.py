@@ -17,6 +17,13 @@ vLLM's narrow hooks to it:
 - ``_free_blocks``: a finished turn that ends in a tool call may be pinned;
 - ``kv_cache_manager.allocate_slots`` (wrapped): release pins under memory pressure;
 - ``reset_prefix_cache`` / ``shutdown``: release every pin first.
+
+No exception from the hook's own code reaches vLLM's scheduler: each hook runs its part
+under one ``try``; an exception there is logged with the request id (with its traceback
+the first time for each hook), counted in ``cachettl_hook_faults_total{hook=...}`` and
+costs at most that request's hints or pin (the request then runs as one without hints;
+a finished request whose blocks were not yet taken is freed by vLLM's own path), never
+the engine. vLLM's own calls are outside the guard: their errors stay vLLM's.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from enginehook.core.config import HookConfig
 from enginehook.core.lifecycle import PinController
 from enginehook.core.pins import Pin, ReleaseReason
 from enginehook.core.tracker import CacheSeen
+from enginehook.hints.flat import Hints
 from enginehook.vllm.blocks import take_pinned_blocks
 from enginehook.vllm.compat import check_engine, passthrough_reason
 from enginehook.vllm.requests import (
@@ -106,6 +114,23 @@ class CacheTTLMixin:
             self.waiting = ProgramRequestQueue(self._key)
         self._allocate = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_with_pressure
+        self._faulted: set[str] = set()
+
+    def _fault(self, hook: str, request_id: str | None, exc: Exception) -> None:
+        """A defect of the hook's own code in ``hook``: logged (the traceback once per
+        hook), counted, and never raised into vLLM."""
+        self.metrics.fault(hook)
+        first = hook not in self._faulted
+        self._faulted.add(hook)
+        logger.error(
+            "CacheTTL: %s failed for request %s (%s: %.200s); the request goes on without "
+            "CacheTTL's part",
+            hook,
+            request_id,
+            type(exc).__name__,
+            exc,
+            exc_info=first,
+        )
 
     def _key(self, r: Request) -> tuple[object, ...]:
         priority = r.priority if self._priority else 0
@@ -137,6 +162,14 @@ class CacheTTLMixin:
 
     # -- vLLM's hooks ------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        try:
+            self._arrived(request)
+        except Exception as exc:
+            setattr(request, HINTS_ATTR, Hints())
+            self._fault("add_request", request.request_id, exc)
+        super().add_request(request)  # type: ignore[misc]
+
+    def _arrived(self, request: Request) -> None:
         hints = read_hints(request)
         setattr(request, HINTS_ATTR, hints)
         setattr(request, ADDED_ATTR, self.clock())
@@ -152,39 +185,34 @@ class CacheTTLMixin:
             )
             if hints.release:  # the session closes: its pin goes now, not at admission
                 self.controller.close(request.session_id)
-        super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         if not self.active:
             return super().schedule(*args, **kwargs)  # type: ignore[misc,no-any-return]
         started, now = time.perf_counter(), self.clock()
-        self.controller.expire(now)
         queue = self.waiting if isinstance(self.waiting, ProgramRequestQueue) else None
         sorted_before = queue.sort_seconds if queue is not None else 0.0
-        if queue is not None:
-            queue.mark_dirty()
+        try:
+            self.controller.expire(now)
+            if queue is not None:
+                queue.mark_dirty()
+        except Exception as exc:
+            self._fault("schedule", None, exc)
         before = time.perf_counter()
         output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
         after = time.perf_counter()
         for new in output.scheduled_new_reqs:
-            request = self.requests.get(new.req_id)
-            if request is not None and request.session_id:
-                setattr(request, ADMITTED_ATTR, now)
-                seen = CacheSeen(
-                    new.num_computed_tokens,
-                    request.num_prompt_tokens,
-                    request.block_hashes,
-                    self.hash_block_size,
-                )
-                pin, turn = self.controller.admit(request.session_id, now, seen)
-                if pin is not None:
-                    self.metrics.hit(new.num_computed_tokens)
-                if turn is not None:
-                    self.metrics.returned(turn.cache)
-        if now >= self._next_housekeeping:
-            self._next_housekeeping = now + _HOUSEKEEPING_S
-            self.controller.forget_idle(now, self.cachettl.idle_program_s)
-            self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
+            try:
+                self._admitted(new, now)
+            except Exception as exc:
+                self._fault("schedule", new.req_id, exc)
+        try:
+            if now >= self._next_housekeeping:
+                self._next_housekeeping = now + _HOUSEKEEPING_S
+                self.controller.forget_idle(now, self.cachettl.idle_program_s)
+                self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
+        except Exception as exc:
+            self._fault("schedule", None, exc)
         done = time.perf_counter()
         sorting = queue.sort_seconds - sorted_before if queue is not None else 0.0
         own = (before - started) + (done - after) + sorting
@@ -193,6 +221,23 @@ class CacheTTLMixin:
         self._step = (done, output.total_num_scheduled_tokens) if new_requests else None
         return output
 
+    def _admitted(self, new: Any, now: float) -> None:
+        """A request vLLM admitted this step: its program's pin goes over to its prefix hit."""
+        request = self.requests.get(new.req_id)
+        if request is not None and request.session_id:
+            setattr(request, ADMITTED_ATTR, now)
+            seen = CacheSeen(
+                new.num_computed_tokens,
+                request.num_prompt_tokens,
+                request.block_hashes,
+                self.hash_block_size,
+            )
+            pin, turn = self.controller.admit(request.session_id, now, seen)
+            if pin is not None:
+                self.metrics.hit(new.num_computed_tokens)
+            if turn is not None:
+                self.metrics.returned(turn.cache)
+
     def update_from_output(
         self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
     ) -> Any:
@@ -200,13 +245,40 @@ class CacheTTLMixin:
         sync = not isinstance(self, AsyncScheduler)
         if step is not None and sync and step[1] >= _MIN_PREFILL_TOKENS:
             # The step ran new requests' prefill: one observed timing for the cost model.
-            self.decider.learn_prefill(step[1], time.perf_counter() - step[0])
+            try:
+                self.decider.learn_prefill(step[1], time.perf_counter() - step[0])
+            except Exception as exc:
+                self._fault("update_from_output", None, exc)
         return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
 
     def _free_blocks(self, request: Request) -> None:
         if not (self.active and request.session_id and request.status in _PINNABLE):
             super()._free_blocks(request)  # type: ignore[misc]
             return
+        taken: list[bool] = []
+        try:
+            finish = self._finished(request, taken)
+        except Exception as exc:
+            self._fault("free_blocks", request.request_id, exc)
+            if not taken:  # vLLM frees the request's blocks as it would without the hook
+                super()._free_blocks(request)  # type: ignore[misc]
+            else:
+                self.requests.pop(request.request_id, None)
+            return
+        if not finish.took:
+            super()._free_blocks(request)  # type: ignore[misc]
+            return
+        if finish.pinned:
+            self.metrics.pinned()
+        elif finish.handle:  # the budget refused the pin
+            self._pool.free_blocks(reversed(finish.handle))
+        del self.requests[request.request_id]
+        self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
+
+    def _finished(self, request: Request, taken: list[bool]) -> Any:
+        """The controller's part of a finished turn (``taken`` gets an entry once its
+        blocks have been taken for a pin)."""
+        assert request.session_id is not None
         now = self.clock()
         turn = finished_turn(
             request,
@@ -217,19 +289,16 @@ class CacheTTLMixin:
             can_free=self._request_blocks_can_be_freed(request),  # type: ignore[attr-defined]
             now=now,
         )
-        finish = self.controller.finished(turn, now, lambda: self._take_blocks(request))
+
+        def take() -> tuple[int, list[Any]]:
+            taken.append(True)
+            return self._take_blocks(request)
+
+        finish = self.controller.finished(turn, now, take)
         # The turn's cached prefix, for the divergence check of the program's next turn.
         cached = request.block_hashes[: request.num_computed_tokens // self.hash_block_size]
         self.controller.tracker(self.cachettl.tenant).keep_prefix(request.session_id, cached)
-        if not finish.took:
-            super()._free_blocks(request)  # type: ignore[misc]
-            return
-        if finish.pinned:
-            self.metrics.pinned()
-        elif finish.handle:  # the budget refused the pin
-            self._pool.free_blocks(reversed(finish.handle))
-        del self.requests[request.request_id]
-        self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
+        return finish
 
     def _take_blocks(self, request: Request) -> tuple[int, list[Any]]:
         """The blocks the next turn's prefix hit needs, for a pin (the rest freed now)."""
@@ -246,24 +315,33 @@ class CacheTTLMixin:
             return got[-1] is not None
 
         now = self.clock()
-        self.controller.relieve(
-            self.pins.pinned_blocks,
-            request.session_id,
-            for_running=request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED),
-            nothing_running=not any(r is not request for r in self.running),
-            now=now,
-            fits=fits,
-            waited_s=now - getattr(request, ADDED_ATTR, now),
-        )
+        try:
+            self.controller.relieve(
+                self.pins.pinned_blocks,
+                request.session_id,
+                for_running=request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED),
+                nothing_running=not any(r is not request for r in self.running),
+                now=now,
+                fits=fits,
+                waited_s=now - getattr(request, ADDED_ATTR, now),
+            )
+        except Exception as exc:
+            self._fault("allocate_slots", request.request_id, exc)
         return got[-1]
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
-        self.controller.release_all(ReleaseReason.SHUTDOWN)
+        try:
+            self.controller.release_all(ReleaseReason.SHUTDOWN)
+        except Exception as exc:
+            self._fault("reset_prefix_cache", None, exc)
         return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc,no-any-return]
 
     def shutdown(self) -> None:
-        self.controller.release_all(ReleaseReason.SHUTDOWN)
-        self.services.close()
+        try:
+            self.controller.release_all(ReleaseReason.SHUTDOWN)
+            self.services.close()
+        except Exception as exc:
+            self._fault("shutdown", None, exc)
         super().shutdown()  # type: ignore[misc]
 
 
