@@ -23,7 +23,8 @@ from simulator.sim import Simulation
 HW = "llama3.1-8b-h100"
 
 #: (request id, program, queue time, own priority, preempted)
-WAITING = [
+Waiting = tuple[str, str | None, float, int, bool]
+WAITING: list[Waiting] = [
     (f"r{i}", f"p{i % 5}", float(10 - i % 4), (i * 7) % 3 - 1, i % 4 == 0) for i in range(16)
 ] + [("solo-a", None, 3.0, 0, False), ("solo-b", None, 3.0, 0, False)]
 
@@ -39,7 +40,7 @@ def _controller(ordering: str) -> Any:
     return sim.controller
 
 
-def _keys(ordering: str, waiting: list[tuple[str, str | None, float, int, bool]]) -> list[Any]:
+def _keys(ordering: str, waiting: list[Waiting]) -> list[Any]:
     context, key = _controller(ordering), ORDERINGS[ordering]
     return [key(context, prio, pre, program, t, rid) for rid, program, t, prio, pre in waiting]
 
@@ -63,7 +64,7 @@ def test_an_ordering_is_a_deterministic_total_order(ordering: str) -> None:
 
 def _pins() -> list[Pin[int]]:
     rng = random.Random(5)
-    pins = []
+    pins: list[Pin[int]] = []
     for i in range(12):
         pinned_at = rng.uniform(0.0, 10.0)
         ttl = rng.uniform(1.0, 30.0)
