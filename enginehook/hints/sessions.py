@@ -55,6 +55,12 @@ as JSON text, which vLLM 0.32 carries to the engine (``vllm_xargs`` values may b
 strings) while it does not carry ``kv_hints``. An envelope already given as that key's
 text is checked the same way; given both, the body's ``kv_hints`` wins.
 
+vllm-router's program identity, ``vllm_xargs.agentic_context`` (an object vLLM itself
+refuses), is taken out before vLLM validates the body and translated into the flat keys the
+hook reads (:mod:`enginehook.hints.agentic`: the program as ``vllm_xargs.session_id``, its
+parent, ``kv_retention_ttl_seconds`` as ``pin_ttl_s``); a malformed one is HTTP 400 naming
+the key.
+
 ``X-Dynamo-Session-Final: true`` (Dynamo's mark of a session's last request, sent so that
 per-session state can be released at once) becomes the flat ``release`` hint in
 ``vllm_xargs``: the session's pin goes when the request arrives (an envelope's ``release``
@@ -67,8 +73,8 @@ still wins over it, as over every flat hint).
 Only ``POST`` to :data:`PATHS` is looked at. A body nested deeper than
 :data:`MAX_BODY_DEPTH` is HTTP 400 naming ``body`` (checked by a linear scan before it is
 parsed). A body over ``max_body_bytes`` (default 32 MiB) or one that is not a JSON object
-passes through with only its ``X-Session-ID`` checked (duplicates, length, control
-characters: the one header vLLM reads itself); every other request passes through
+passes through with only its headers checked (duplicates, and the ``X-Session-ID`` vLLM
+reads itself: length, control characters); every other request passes through
 untouched. Error messages quote at most a short prefix of a value. Unit-testable without
 vLLM (plain ASGI).
 """
@@ -82,6 +88,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.kvhints import XARGS_KEY, HintError, parse_kv_hints, quote, within_depth
+from enginehook.hints import agentic
 from enginehook.hints.flat import Hints, control_character
 
 __all__ = [
@@ -418,7 +425,8 @@ def _rewrite(
     """Check the request and edit ``body`` in place for vLLM: whether the body changed,
     and the ``X-Session-ID`` to send in place of the request's (``None``: keep it).
     Raises :class:`MalformedRequestError` naming the header or field."""
-    changed = carry_kv_hints(body)
+    changed = _agentic(body)
+    changed = carry_kv_hints(body) or changed
     choice = choose_session(headers, body, path)
     final = session_final(headers)
     parent = parent_session(headers, choice)
@@ -435,6 +443,15 @@ def _rewrite(
     if parent is not None:
         changed = _set_xargs(body, "parent_session_id", parent) or changed
     return changed, header
+
+
+def _agentic(body: dict[str, Any]) -> bool:
+    """vllm-router's ``vllm_xargs.agentic_context`` taken out and translated
+    (:mod:`enginehook.hints.agentic`); ``True`` when the body had one."""
+    try:
+        return agentic.translate(body) is not None
+    except HintError as exc:
+        raise MalformedRequestError(exc.field, str(exc)) from None
 
 
 def _vllms_header(headers: Mapping[str, str]) -> None:
