@@ -552,3 +552,41 @@ def test_a_release_action_frees_the_sessions_pin_at_once(server: Server) -> None
     _ended(server, {"released-dynamo"})
     assert closed() == before + 2
     assert int(server.metrics()["cachettl_pins_held"]) == 0
+
+
+# -- vllm-router's agentic_context ---------------------------------------------------------
+
+
+def test_vllm_routers_agentic_context_becomes_the_hooks_keys(app: TestClient) -> None:
+    context = {"program_id": "prog-1", "parent_program_id": "root", "step_id": 2}
+    session, seen = _seen(app, {"vllm_xargs": {"agentic_context": context, "tool": "bash"}})
+    assert session is None
+    assert seen["vllm_xargs"] == {
+        "tool": "bash",
+        "session_id": "prog-1",
+        "parent_session_id": "root",
+    }
+    r = app.post(CHAT, json={"vllm_xargs": {"agentic_context": {"kv_retention_ttl_seconds": "x"}}})
+    assert r.status_code == 400
+    assert "vllm_xargs.agentic_context.kv_retention_ttl_seconds" in r.text
+
+
+@pytest.mark.slow
+def test_a_program_named_by_agentic_context_is_pinned_for_its_ttl(server: Server) -> None:
+    program = "agentic-prog"
+    messages = [
+        {"role": "system", "content": _words(77, 40)},
+        {"role": "user", "content": _words(78, 450)},
+    ]
+    context = {"program_id": program, "session_id": "router-session", "step_id": 1}
+    first = {"tool": "bash", "tool_args": "ls", "agentic_context": context}
+    first["agentic_context"] = {**context, "kv_retention_ttl_seconds": 6.5}
+    r = _chat(server, messages, {"vllm_xargs": first})
+    messages += [
+        {"role": "assistant", "content": r.choices[0].message.content},
+        {"role": "user", "content": _words(79, 30)},
+    ]
+    _chat(server, messages, {"vllm_xargs": {"agentic_context": context}}, last=True)
+    events = _ended(server, {program})
+    (call,) = [e for e in events if e["kind"] == "tool_call" and e["program_id"] == program]
+    assert (call["ttl_s"], call["outcome"]) == (6.5, "hit")
