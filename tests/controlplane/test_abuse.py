@@ -17,9 +17,9 @@ from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.rpc.gate import Budgets
 from controlplane.service import ControlPlane
 from controlplane.storage import Store
+from tests.support import running
 
 from .abuse import HalfOpen, decide_request, healthy
-from .conftest import running
 
 BOTH = pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 

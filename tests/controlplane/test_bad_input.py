@@ -19,9 +19,9 @@ from controlplane._gen.cachettl.v1 import (
 from controlplane.rpc.client import ControlPlaneClient, ToolCall, to_event
 from controlplane.service import ControlPlane
 from controlplane.storage import Store
+from tests.support import ServerThread, running
 
 from .abuse import HalfOpen
-from .conftest import ServerThread, running
 
 
 @pytest.fixture

@@ -23,8 +23,7 @@ from controlplane.rpc.client import ClientTls, ControlPlaneClient, ToolCall
 from controlplane.rpc.server import TlsFiles
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
-
-from .conftest import running
+from tests.support import running
 
 
 def test_tenants_and_tools_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,8 +24,7 @@ from controlplane.rpc.client import ControlPlaneClient
 from controlplane.service import ControlPlane
 from controlplane.storage import Store
 from enginehook.hints.flat import request_hints
-
-from .conftest import ServerThread, running
+from tests.support import ServerThread, running
 
 
 @pytest.fixture(params=["fixed", "cachettl"])

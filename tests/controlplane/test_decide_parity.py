@@ -23,8 +23,7 @@ from enginehook.core.pins import ReleaseReason
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent, ToolCallTracker
 from enginehook.link.remote import to_program_end, to_tool_call
 from estimator import Decision
-
-from .conftest import running
+from tests.support import running
 
 TENANT = "acme"
 K = 20  # min_samples: some keys pass it, some are thin, some never seen

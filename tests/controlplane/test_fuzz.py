@@ -21,8 +21,7 @@ from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, tt
 from controlplane.service import ControlPlane
 from controlplane.state import ModelState
 from controlplane.storage import create_store
-
-from .conftest import ServerThread, running
+from tests.support import ServerThread, running
 
 RPCS: list[tuple[str, type[Message]]] = [
     ("/cachettl.v1.ToolEventService/RecordToolCalls", events_pb2.RecordToolCallsRequest),

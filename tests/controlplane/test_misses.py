@@ -36,8 +36,9 @@ from controlplane.storage.sql import SqlStore
 from enginehook.core.pins import ReleaseReason
 from enginehook.core.tracker import CacheSeen, ToolCallTracker
 from enginehook.link.remote import to_tool_call
+from tests.support import ServerThread, running
 
-from .conftest import ServerThread, pg_url, running
+from .conftest import pg_url
 
 SQL_BACKENDS = ["sqlite", "postgres"]
 R = MissReason

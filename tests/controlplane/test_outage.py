@@ -13,9 +13,9 @@ from controlplane.rpc.auth import AuthOptions
 from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
+from tests.support import running
 
 from .abuse import TcpProxy, healthy
-from .conftest import running
 
 
 def test_decisions_survive_a_database_outage(pg_schemas: Callable[[], str]) -> None:

@@ -11,8 +11,7 @@ from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
 from controlplane.sharing import SharingRules, anonymous
 from controlplane.storage import Store
-
-from .conftest import running
+from tests.support import running
 
 BOTH = pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 

@@ -17,9 +17,9 @@ from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.rpc.gate import Budgets
 from controlplane.service import ControlPlane
 from controlplane.storage import Store
+from tests.support import running
 
 from .abuse import HalfOpen, healthy
-from .conftest import running
 
 #: The working tenant's worst call while the others misbehave.
 BOUND_S = 0.5

@@ -24,8 +24,7 @@ from controlplane.records import (
 from controlplane.rpc.client import ControlPlaneClient
 from controlplane.service import ControlPlane
 from controlplane.storage import SNAPSHOTS_KEPT, Store, hash_token
-
-from .conftest import running
+from tests.support import running
 
 BACKENDS = ["memory", "sqlite", "postgres"]
 

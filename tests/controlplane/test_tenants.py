@@ -11,8 +11,7 @@ from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
 from controlplane.sharing import SharingRules
 from controlplane.storage import Store, create_store
-
-from .conftest import running
+from tests.support import running
 
 DURATIONS = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
 

@@ -161,30 +161,3 @@ def shutdown(llm: Any) -> None:
     finally:
         del llm
         gc.collect()
-
-
-class ControlPlaneThread:
-    """A real control-plane aio server in its own thread and event loop."""
-
-    def __init__(self, plane: Any, options: Any) -> None:
-        import asyncio
-        import threading
-
-        from controlplane.rpc.server import ControlPlaneServer
-
-        self.server = ControlPlaneServer(plane, options)
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-        self.port = self._run(self.server.start())
-
-    def _run(self, coroutine: Any) -> Any:
-        import asyncio
-
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
-
-    def stop(self) -> None:
-        self._run(self.server.stop(grace_s=1.0))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        self.loop.close()

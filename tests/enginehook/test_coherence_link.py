@@ -12,7 +12,7 @@ from controlplane.rpc.client import ControlPlaneClient
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
 from enginehook.link.coherence import CoherenceLink, Moved
-from tests.controlplane.conftest import ServerThread, running
+from tests.support import ServerThread, running
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from enginehook.link.remote import (
     to_program_end,
     to_tool_call,
 )
-from tests.enginehook.driver import ControlPlaneThread
+from tests.support import ServerThread
 
 
 def _call(i: int, program: str = "p", outcome: PinOutcome = PinOutcome.HIT) -> ToolCallEvent:
@@ -68,7 +68,7 @@ class Plane:
         self.db, self.port, self.name_limits = db, port, name_limits
         self.store = create_store(db)
         self.token = ControlPlane(self.store).create_tenant("engine")[1]
-        self.server: ControlPlaneThread | None = None
+        self.server: ServerThread | None = None
 
     def start(self) -> None:
         limits = self.name_limits or NameLimits()
@@ -76,7 +76,7 @@ class Plane:
         opts = ServerOptions(
             listen=f"127.0.0.1:{self.port}", watch_interval_s=0.2, tail_interval_s=0.1
         )
-        self.server = ControlPlaneThread(plane, opts)
+        self.server = ServerThread(plane, opts)
 
     def stop(self) -> None:
         if self.server is not None:

@@ -23,8 +23,8 @@ from enginehook.core.tracker import ProgramEndEvent
 from enginehook.link.remote import ControlPlaneLink, GrpcTransport, is_loopback
 from enginehook.link.spill import EventBuffer, claim_spill_dir
 from tests.controlplane.test_cli_tls_metrics import _pki
-from tests.enginehook.driver import ControlPlaneThread
 from tests.enginehook.test_cplink import Plane, _call, _free_port, _link, _wait
+from tests.support import ServerThread
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,9 +147,9 @@ def test_a_live_engine_holds_its_spill_folder(tmp_path):
     again_lock.close()
 
 
-def _tls_plane(plane: Plane, tls: TlsFiles) -> ControlPlaneThread:
+def _tls_plane(plane: Plane, tls: TlsFiles) -> ServerThread:
     cp = ControlPlane(plane.store, "continuum", min_samples=3)
-    return ControlPlaneThread(cp, ServerOptions(listen=f"127.0.0.1:{plane.port}", tls=tls))
+    return ServerThread(cp, ServerOptions(listen=f"127.0.0.1:{plane.port}", tls=tls))
 
 
 def test_the_link_reaches_a_tls_control_plane_with_mutual_tls(plane, tmp_path):
