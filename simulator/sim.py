@@ -95,7 +95,7 @@ class _StepStart(Event):
         self.sim = sim
 
     def handle(self, loop: EventLoop) -> Iterable[Event]:
-        return self.sim.start_step(loop.now, loop.next_time())
+        return self.sim.start_step(loop.now, self.sim.horizon())
 
 
 class _StepEnd(Event):
@@ -273,6 +273,11 @@ class Simulation:
             self._record(state, now)
             return
         self.schedule_return(state, now + turn.tool_duration_s)
+
+    def horizon(self) -> float:
+        """Until when nothing from outside can change this engine's batch (the next
+        queued event; a cluster: the next routing decision): decode steps fold up to it."""
+        return self.loop.next_time()
 
     def schedule_return(self, state: _State, at: float) -> None:
         """The program's next turn arrives at ``at`` (here, on this engine; a cluster

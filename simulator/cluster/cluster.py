@@ -23,6 +23,7 @@ Figures (:class:`ClusterResult`):
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -105,13 +106,19 @@ def _ratio(a: float, b: float) -> float:
 
 
 class _Call(Event):
-    __slots__ = ("action",)
+    """A routing decision, a router's timer or a topology change: the only events through
+    which one engine (or the router) affects another."""
 
-    def __init__(self, time: float, action: Callable[[float], Iterable[Event]]) -> None:
+    __slots__ = ("action", "cluster")
+
+    def __init__(
+        self, time: float, action: Callable[[float], Iterable[Event]], cluster: Cluster
+    ) -> None:
         super().__init__(time, ARRIVAL)
-        self.action = action
+        self.action, self.cluster = action, cluster
 
     def handle(self, loop: EventLoop) -> Iterable[Event]:
+        heapq.heappop(self.cluster.calls)
         return self.action(loop.now)
 
 
@@ -136,6 +143,7 @@ class Cluster:
         self.retention, self.hardware, self.config = retention, hardware, config
         self.topology = sorted(topology, key=lambda c: c.at_s)
         self.loop = EventLoop()
+        self.calls: list[float] = []  # times of the pending _Call events (a heap)
         self.all: dict[int, ClusterEngine] = {}
         self.live: list[ClusterEngine] = []
         self.router.attach(self)
@@ -184,6 +192,14 @@ class Cluster:
             self._orphans.add((target, pin.program_id, pin.generation))
         engine.controller.release_all(ReleaseReason.SHUTDOWN)
 
+    def _call(self, at: float, action: Callable[[float], Iterable[Event]]) -> None:
+        heapq.heappush(self.calls, at)
+        self.loop.schedule(_Call(at, action, self))
+
+    def next_call(self) -> float:
+        """When the next routing decision (or timer, or topology change) happens."""
+        return self.calls[0] if self.calls else math.inf
+
     # -- the router's host interface ----------------------------------------------------
     def engine(self, engine_id: int) -> ClusterEngine | None:
         engine = self.all.get(engine_id)
@@ -194,12 +210,12 @@ class Cluster:
             action(now)
             return []
 
-        self.loop.schedule(_Call(max(at, self.loop.now), run))
+        self._call(max(at, self.loop.now), run)
 
     def submit(self, program_id: str, engine_id: int, now: float) -> None:
         """A held turn goes to ``engine_id`` now."""
         state = self._states[program_id]
-        self.loop.schedule(_Call(now, lambda t: self._deliver(state, self.all[engine_id], t)))
+        self._call(now, lambda t: self._deliver(state, self.all[engine_id], t))
 
     def drop_pin(self, engine_id: int, program_id: str) -> None:
         """The router sent the program elsewhere: its holder releases the pin at once."""
@@ -210,7 +226,7 @@ class Cluster:
 
     # -- the engines' host interface ----------------------------------------------------
     def schedule_return(self, state: ProgramState, at: float) -> None:
-        self.loop.schedule(_Call(at, lambda now: self._dispatch(state, now)))
+        self._call(at, lambda now: self._dispatch(state, now))
 
     def turn_finished(
         self, engine: ClusterEngine, program_id: str, context: int, now: float
@@ -282,7 +298,8 @@ class Cluster:
             self.result.imbalance_samples += 1
 
     # -- running -------------------------------------------------------------------------
-    def run(self) -> ClusterResult:
+    def run(self, until: float = math.inf) -> ClusterResult:
+        """Replay the programs (until ``until``: then :meth:`resume` goes on)."""
         ids = {p.program_id for p in self.programs}
         if len(ids) != len(self.programs):
             raise ValueError("program ids must be unique within a run")
@@ -294,12 +311,17 @@ class Cluster:
                     f"KV; an engine's pool holds {pool} (the run could never finish)"
                 )
             state = self._states[program.program_id] = ProgramState(program)
-            self.loop.schedule(_Call(program.arrival_s, functools.partial(self._dispatch, state)))
+            self._call(program.arrival_s, functools.partial(self._dispatch, state))
         for change in self.topology:
-            self.loop.schedule(_Call(change.at_s, functools.partial(self._change, change)))
-        self.loop.run()
-        for engine in self.all.values():  # pins still held at the end
-            engine.controller.release_all(ReleaseReason.SHUTDOWN)
+            self._call(change.at_s, functools.partial(self._change, change))
+        return self.resume(until)
+
+    def resume(self, until: float = math.inf) -> ClusterResult:
+        """Go on until ``until`` (or the end: then the pins still held are released)."""
+        self.loop.run(until)
+        if until == math.inf:
+            for engine in self.all.values():
+                engine.controller.release_all(ReleaseReason.SHUTDOWN)
         return self.result
 
 

@@ -83,6 +83,10 @@ class ClusterEngine(Simulation):
         return tokens / self.config.max_num_batched_tokens * self._chunk_s
 
     # -- hooks into the single-engine simulation ----------------------------------------
+    def horizon(self) -> float:
+        """Other engines' steps change nothing here: only the cluster's calls do."""
+        return self.cluster.next_call()
+
     def schedule_return(self, state: ProgramState, at: float) -> None:
         self.cluster.schedule_return(state, at)
 

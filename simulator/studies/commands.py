@@ -94,6 +94,9 @@ def register(
     frontier.register(bench)
     seeds.register(bench)
     fidelity.register(bench)
+    from simulator.studies import cluster as cluster_bench
+
+    cluster_bench.register(bench)
     demo.register(commands)
 
 

@@ -1,0 +1,273 @@
+"""``cachettl bench cluster``: routers × retention policies on a simulated cluster, with an
+engine added mid-run, compared seed by seed; and ``--scale``: the wall time of a large run.
+
+The load: the arrival rate at which stock vLLM behind ``round_robin`` reaches mean slowdown
+3 (JCT over each program's isolated JCT, averaged over the calibration seeds; bisection),
+then ``--loads`` multiples of it. Each seed re-draws the trace; every pair runs on the same
+trace of each seed, with one engine added when half the programs have arrived. The
+compared pair (default ``ttl-aware`` + ``cachettl``) gets a verdict against every other
+pair on mean JCT, P99 JCT and first-turn wait P90 with ``bench seeds``' statistics
+(wins/ties/losses, sign test, bootstrap interval); orphaned pin token-seconds and remapped
+pins are reported beside them. Writes ``OUT.md``, ``OUT.json`` and ``OUT.png`` (mean JCT
+against load, one line per pair).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from simulator.cluster import ROUTERS, TopologyChange, simulate_cluster
+from simulator.metrics import isolated_jct
+from simulator.studies.seeds import paired, parse_seeds
+from simulator.studies.study import output_path
+from simulator.trace import Program
+from simulator.workloads import generate
+
+__all__ = ["register"]
+
+HARDWARE = "llama3.1-8b-h100"
+RETENTIONS = "vllm,continuum,cachettl"
+OURS = "ttl-aware+cachettl"
+VERDICT_METRICS = ("mean_jct_s", "p99_jct_s", "first_turn_wait_p90_s")
+REPORTED = (*VERDICT_METRICS, "returning_hit_share", "orphaned_pin_token_s", "remapped_pins")
+
+
+def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``bench cluster``."""
+    p = bench.add_parser("cluster", help="routers x retention on a simulated cluster")
+    p.add_argument("--workload", default="swe", help="swe or bfcl")
+    p.add_argument("--engines", type=int, default=4, help="engines at the start")
+    p.add_argument("--programs", type=int, default=48, help="programs per seed")
+    p.add_argument("--seeds", default="0-15", help="integers and ranges a-b (>= 16 for verdicts)")
+    p.add_argument("--loads", default="1", help="multiples of the slowdown-3 load")
+    p.add_argument("--rate", type=float, help="base rate (programs/s) instead of calibrating")
+    p.add_argument("--routers", default=",".join(sorted(ROUTERS)), help="routers compared")
+    p.add_argument("--retentions", default=RETENTIONS, help="retention policies compared")
+    p.add_argument("--ours", default=OURS, help="the pair compared, ROUTER+RETENTION")
+    p.add_argument("--out", default="results/cluster", help="writes OUT.md/.json/.png")
+    p.add_argument(
+        "--scale", action="store_true", help="time one large run instead (see --scale-*)"
+    )
+    p.add_argument("--scale-engines", type=int, default=64)
+    p.add_argument("--scale-programs", type=int, default=20_000)
+    p.add_argument("--scale-pair", default=OURS, help="ROUTER+RETENTION of the timed run")
+    p.set_defaults(handler=_cluster)
+
+
+def _pair(text: str) -> tuple[str, str]:
+    router, plus, retention = text.rpartition("+")
+    if not plus or not router or not retention:
+        raise ValueError(f"expected ROUTER+RETENTION, got {text!r}")
+    return router, retention
+
+
+def _traces(workload: str, programs: int, seeds: Sequence[int]) -> list[list[Program]]:
+    return [generate(workload, programs, None, seed) for seed in seeds]
+
+
+def _redraw(programs: Sequence[Program], rate: float, seed: int) -> list[Program]:
+    from simulator.trace import redraw_arrivals
+
+    return redraw_arrivals(programs, rate, seed)
+
+
+def _run(
+    programs: Sequence[Program], pair: tuple[str, str], engines: int, seed: int
+) -> dict[str, float]:
+    half = sorted(p.arrival_s for p in programs)[len(programs) // 2]
+    join = [TopologyChange(half, "add")]
+    result = simulate_cluster(programs, pair[0], pair[1], engines, HARDWARE, None, join, seed)
+    return result.figures()
+
+
+def calibrate(traces: list[list[Program]], seeds: Sequence[int], engines: int) -> float:
+    """The rate at which vLLM behind round_robin reaches mean slowdown 3 (no topology
+    change; 5 halvings after bracketing: about 3 % of the rate)."""
+    isolated = [isolated_jct(t, HARDWARE) for t in traces]
+
+    def slowdown(rate: float) -> float:
+        total = 0.0
+        for trace, iso, seed in zip(traces, isolated, seeds, strict=True):
+            result = simulate_cluster(_redraw(trace, rate, seed), "round_robin", "vllm", engines)
+            total += result.figures(iso)["mean_slowdown"]
+        return total / len(traces)
+
+    low, high = 0.0, 0.05 * engines
+    while slowdown(high) < 3.0:
+        low, high = high, high * 2.0
+        if high > 1000:
+            raise ValueError("round_robin + vllm never reaches slowdown 3")
+    for _ in range(5):
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if slowdown(middle) < 3.0 else (low, middle)
+    return (low + high) / 2.0
+
+
+def _measure(
+    args: argparse.Namespace, seeds: Sequence[int], pairs: list[tuple[str, str]]
+) -> tuple[float, dict[float, dict[str, list[dict[str, float]]]]]:
+    traces = _traces(args.workload, args.programs, seeds)
+    base = args.rate
+    if base is None:
+        calibration = list(seeds[:2])
+        base = calibrate(traces[:2], calibration, args.engines)
+        print(f"slowdown-3 load of round_robin + vllm: {base:.4f} programs/s", flush=True)
+    runs: dict[float, dict[str, list[dict[str, float]]]] = {}
+    for factor in (float(x) for x in args.loads.split(",")):
+        rows: dict[str, list[dict[str, float]]] = {f"{r}+{k}": [] for r, k in pairs}
+        for trace, seed in zip(traces, seeds, strict=True):
+            programs = _redraw(trace, base * factor, seed)
+            for router, retention in pairs:
+                rows[f"{router}+{retention}"].append(
+                    _run(programs, (router, retention), args.engines, seed)
+                )
+            print(f"load {factor} seed {seed} done", flush=True)
+        runs[factor] = rows
+    return base, runs
+
+
+def _verdicts(ours: str, rows: dict[str, list[dict[str, float]]]) -> list[dict[str, Any]]:
+    out = []
+    for rival, figures in rows.items():
+        if rival == ours:
+            continue
+        for metric in VERDICT_METRICS:
+            a = [f[metric] for f in rows[ours]]
+            b = [f[metric] for f in figures]
+            r = paired(a, b)
+            out.append(
+                {
+                    "rival": rival,
+                    "metric": metric,
+                    "wins": r.wins,
+                    "ties": r.ties,
+                    "losses": r.losses,
+                    "sign_p": r.sign_p,
+                    "mean_diff": r.mean_diff,
+                    "low": r.low,
+                    "high": r.high,
+                    "verdict": r.verdict,
+                }
+            )
+    return out
+
+
+def _mean(rows: list[dict[str, float]], key: str) -> float:
+    values = [r[key] for r in rows if not math.isnan(r[key])]
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+def _markdown(summary: dict[str, Any]) -> list[str]:
+    lines = [
+        f"# Cluster: {summary['workload']}, {summary['engines']} engines (+1 at half the "
+        f"arrivals), {summary['programs']} programs x {len(summary['seeds'])} seeds",
+        "",
+        f"Command: `{summary['command']}`",
+        "",
+        f"Base load (round_robin + vllm at mean slowdown 3): {summary['base_rate']:.4f} programs/s.",
+    ]
+    for load, block in summary["loads"].items():
+        lines += ["", f"## {load}x load: means over seeds", ""]
+        lines.append("| pair | " + " | ".join(REPORTED) + " |")
+        lines.append("|---" * (len(REPORTED) + 1) + "|")
+        for pair, means in sorted(block["means"].items(), key=lambda kv: kv[1]["mean_jct_s"]):
+            lines.append(f"| {pair} | " + " | ".join(f"{means[k]:.4g}" for k in REPORTED) + " |")
+        lines += ["", f"### {summary['ours']} against each pair (lower is better)", ""]
+        lines.append("| rival | metric | W/T/L | sign p | mean diff [95 % CI] | verdict |")
+        lines.append("|---|---|---|---|---|---|")
+        for v in block["verdicts"]:
+            lines.append(
+                f"| {v['rival']} | {v['metric']} | {v['wins']}/{v['ties']}/{v['losses']} | "
+                f"{v['sign_p']:.3g} | {v['mean_diff']:.3g} [{v['low']:.3g}, {v['high']:.3g}] | "
+                f"{v['verdict']} |"
+            )
+    return lines
+
+
+def _plot(path: Any, summary: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loads = sorted(summary["loads"], key=float)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for pair in summary["loads"][loads[0]]["means"]:
+        ys = [summary["loads"][x]["means"][pair]["mean_jct_s"] for x in loads]
+        style = "-" if pair == summary["ours"] else ":"
+        ax.plot([float(x) for x in loads], ys, style, marker="o", label=pair)
+    ax.set_xlabel("load (multiple of round_robin + vllm's slowdown-3 rate)")
+    ax.set_ylabel("mean JCT (s)")
+    ax.set_title(f"{summary['workload']}, {summary['engines']} engines + 1 joining")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    if args.scale:
+        return _scale(args)
+    seeds = parse_seeds(args.seeds)
+    if args.engines < 1 or args.programs < 2:
+        raise ValueError("--engines must be >= 1 and --programs >= 2")
+    ours = _pair(args.ours)
+    routers = [r for r in args.routers.split(",") if r]
+    retentions = [r for r in args.retentions.split(",") if r]
+    pairs = [(r, k) for r in routers for k in retentions if (r, k) != ours]
+    pairs.insert(0, ours)
+    base, runs = _measure(args, seeds, pairs)
+    label = f"{ours[0]}+{ours[1]}"
+    summary: dict[str, Any] = {
+        "command": "cachettl bench cluster " + shlex.join(sys.argv[3:]),
+        "workload": args.workload,
+        "engines": args.engines,
+        "programs": args.programs,
+        "seeds": seeds,
+        "base_rate": base,
+        "ours": label,
+        "loads": {},
+    }
+    for factor, rows in runs.items():
+        summary["loads"][str(factor)] = {
+            "means": {p: {k: _mean(v, k) for k in REPORTED} for p, v in rows.items()},
+            "verdicts": _verdicts(label, rows),
+            "per_seed": rows,
+        }
+    md = output_path(args.out, ".md")
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text("\n".join(_markdown(summary)) + "\n")
+    output_path(args.out, ".json").write_text(json.dumps(summary, indent=1) + "\n")
+    _plot(output_path(args.out, ".png"), summary)
+    print(f"wrote {md}")
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    """Wall and CPU time of ``--scale-programs`` programs on ``--scale-engines`` engines at
+    the load of one engine's 0.05 programs/s each, against one engine's 500 programs."""
+    router, retention = _pair(args.scale_pair)
+    n, engines = args.scale_programs, args.scale_engines
+    programs = generate(args.workload, n, 0.05 * engines, 0)
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = simulate_cluster(programs, router, retention, engines)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    one = generate(args.workload, 500, 0.05, 0)
+    base_cpu = time.process_time()
+    simulate_cluster(one, router, retention, 1)
+    base_cpu = time.process_time() - base_cpu
+    per, base_per = cpu / n, base_cpu / 500
+    print(
+        f"{engines} engines x {n} programs ({router} + {retention}): wall {wall:.1f} s, "
+        f"CPU {cpu:.1f} s ({1000 * per:.2f} ms/program; one engine x 500: "
+        f"{1000 * base_per:.2f} ms/program, ratio {per / base_per:.2f}); "
+        f"{len(result.programs)} finished, mean JCT {result.figures()['mean_jct_s']:.1f} s"
+    )
+    return 0

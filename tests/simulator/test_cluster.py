@@ -1,0 +1,170 @@
+"""The cluster simulator: every router's contract, the mechanisms on small hand-made cases,
+TTL-aware routing's rules, and the cluster figures computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from simulator.cluster import ROUTERS, Cluster, TopologyChange, get_router, simulate_cluster
+from simulator.cluster.vllm_router import ConsistentHash
+from simulator.engine import EngineConfig
+from simulator.trace import Program, Turn
+from simulator.workloads import generate
+
+SMALL = EngineConfig(kv_tokens=64_000)
+PIN_2S = "continuum-preview"  # pins every turn for 2 s (tools shorter than that)
+
+
+def _program(pid: str, arrival: float, prompt: int, gap: float, turns: int = 2) -> Program:
+    body = [Turn(prompt, 8, "bash", "ls", gap)]
+    body += [Turn(16, 8, "bash", "ls", gap) for _ in range(turns - 2)]
+    body.append(Turn(16, 8))
+    return Program(pid, arrival, tuple(body))
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+def test_every_router_serves_every_program_through_a_join_and_a_leave(name: str) -> None:
+    programs = generate("bfcl", 24, 0.5, 3)
+    span = programs[-1].arrival_s
+    changes = [TopologyChange(span / 3, "add"), TopologyChange(2 * span / 3, "remove", 0)]
+    result = simulate_cluster(programs, name, "cachettl", 3, topology=changes)
+    assert sorted(p.program_id for p in result.programs) == sorted(p.program_id for p in programs)
+    assert sum(result.per_engine_programs.values()) == len(programs)
+    assert all(p.jct_s > 0 for p in result.programs)
+    figures = result.figures()
+    assert 0.0 <= figures["returning_hit_share"] <= 1.0
+    assert figures["orphaned_pin_token_s"] <= figures["pinned_token_s"] + 1e-6
+
+
+def test_router_errors_name_the_router_and_the_field() -> None:
+    with pytest.raises(ValueError, match="unknown router 'nope'; valid: .*ttl-aware"):
+        get_router("nope")
+    with pytest.raises(ValueError, match="'dynamo': unknown parameter 'ttl'"):
+        get_router("dynamo(ttl=3)")
+    with pytest.raises(ValueError, match="'dynamo': parameter 'ttl_s' must be float"):
+        get_router("dynamo(ttl_s=soon)")
+    with pytest.raises(ValueError, match="affinity must be none, hard or soft"):
+        get_router("dynamo(affinity=sticky)")
+    with pytest.raises(ValueError, match="action must be 'add' or 'remove'"):
+        TopologyChange(1.0, "grow")
+
+
+def test_consistent_hash_moves_about_one_key_in_n_and_only_to_the_new_engine() -> None:
+    cluster = Cluster([], "consistent_hash", engines=4)
+    ring = cluster.router
+    assert isinstance(ring, ConsistentHash)
+    keys = [f"session-{i}" for i in range(2000)]
+    before = {k: ring.owner(k) for k in keys}
+    cluster._add(0.0)
+    after = {k: ring.owner(k) for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert 0.14 < len(moved) / len(keys) < 0.26  # 1/5 expected
+    assert {after[k] for k in moved} == {4}
+
+
+def test_sticky_least_loaded_keeps_sessions_when_an_engine_joins() -> None:
+    cluster = Cluster([], "sticky_least_loaded", engines=2)
+    router, views = cluster.router, cluster.live
+    from simulator.cluster import Route
+
+    first = {f"p{i}": router.route(Route(f"p{i}", 0, 100, 0, 0.0), views) for i in range(4)}
+    assert sorted(e.engine_id for e in first.values()) == [0, 0, 1, 1]
+    cluster._add(1.0)
+    again = {p: router.route(Route(p, 1, 200, 100, 2.0), cluster.live) for p in first}
+    assert again == first
+    new = router.route(Route("p9", 0, 100, 0, 3.0), cluster.live)
+    assert new.engine_id == 2  # the fewest active sessions
+
+
+def _pinned_when_engine_joins(router: str) -> Cluster:
+    programs = [_program(f"p{i}", 0.1 * i, 3000, 1.5) for i in range(10)]
+    cluster = Cluster(programs, router, PIN_2S, 2, config=SMALL)
+    cluster.topology = [TopologyChange(1.3, "add")]
+    cluster.run(until=1.29)
+    assert sum(len(e.pins) for e in cluster.live) == 10  # all in their tool call, pinned
+    cluster.resume()
+    return cluster
+
+
+def test_consistent_hash_remaps_live_pins_and_orphans_them() -> None:
+    cluster = _pinned_when_engine_joins("consistent_hash")
+    ring = ConsistentHash()
+    for i in range(2):
+        ring.joined(cluster.all[i], 0.0)
+    before = {f"p{i}": ring.owner(f"p{i}") for i in range(10)}
+    ring.joined(cluster.all[2], 0.0)
+    moved = sum(before[p] != ring.owner(p) for p in before)
+    assert moved > 0
+    assert cluster.result.remapped_pins == moved
+    assert cluster.result.moved_returns == moved
+    assert cluster.result.orphaned_token_s > 0
+
+
+def test_ttl_aware_never_remaps_a_live_pin_when_an_engine_joins() -> None:
+    cluster = _pinned_when_engine_joins("ttl-aware")
+    assert cluster.result.remapped_pins == 0
+    assert cluster.result.moved_returns == 0
+    assert cluster.result.orphaned_token_s == 0.0
+    assert cluster.result.returning_hit_tokens == cluster.result.returning_reusable_tokens
+
+
+def test_ttl_aware_sends_new_programs_to_the_most_free_kv() -> None:
+    cluster = Cluster([_program("a", 0.0, 3000, 1.5)], "ttl-aware", PIN_2S, 2, config=SMALL)
+    cluster.run(until=0.5)
+    holder = cluster.all[cluster.result.per_engine_programs.popitem()[0]]
+    assert holder.engine_id == 0 and holder.pin_of("a") is not None
+    from simulator.cluster import Route
+
+    other = cluster.router.route(Route("b", 0, 100, 0, 0.5), cluster.live)
+    assert other is not None and other.engine_id == 1  # engine 0's blocks are pinned
+
+
+def test_ttl_aware_drops_the_pin_at_once_when_it_sends_the_turn_elsewhere() -> None:
+    a = _program("a", 0.0, 3000, 1.5)
+    cluster = Cluster([a], "ttl-aware", PIN_2S, 2, config=SMALL)
+    cluster.run(until=0.5)
+    holder = cluster.all[0]
+    pin = holder.pin_of("a")
+    assert pin is not None
+    tokens = holder.pinned_tokens(pin)
+    # swamp the holder: first turns of big programs delivered to it directly
+    from simulator.sim import ProgramState
+
+    for i in range(40):
+        hog = _program(f"hog{i}", 0.5, 40_000, 1.0)
+        cluster._states[hog.program_id] = ProgramState(hog)
+        for event in cluster._deliver(cluster._states[hog.program_id], holder, 0.5):
+            cluster.loop.schedule(event)
+    return_at = pin.pinned_at + 1.5
+    cluster.resume(until=return_at)
+    assert holder.pin_of("a") is None  # dropped when the return went elsewhere
+    assert cluster.result.dropped_pins == 1
+    assert cluster.result.moved_returns == 1
+    assert cluster.result.orphaned_token_s == pytest.approx(tokens * 1.5)
+    cluster.resume()
+
+
+def test_figures_of_a_tiny_run_by_hand() -> None:
+    a = _program("a", 0.0, 1000, 1.5)
+    b = _program("b", 0.0, 500, 1.5)
+    cluster = Cluster([a, b], "round_robin", PIN_2S, 2, config=SMALL)
+    result = cluster.run()
+    figures = result.figures()
+    # decisions: a → 0 (queues [0, 0]: no sample), b → 1 (queues [1000, 0]: max/mean 2);
+    # the returns find empty queues; b returns first (shorter prompt) → 0, a → 1
+    assert (result.imbalance_samples, figures["load_imbalance"]) == (1, 2.0)
+    assert result.per_engine_programs == {0: 1, 1: 1}
+    assert (result.returns, result.moved_returns) == (2, 2)
+    # no return finds its prefix: both pins sat on the engines the programs left
+    assert result.returning_hit_tokens == 0
+    assert result.returning_reusable_tokens == (1007 // 16 + 507 // 16) * 16  # full blocks
+    assert figures["returning_hit_share"] == 0.0
+    assert result.orphaned_token_s == pytest.approx(result.pinned_token_s)
+    # both pins outlive their programs' returns (2 s TTL) and end with the run
+    end = max(p.finish_s for p in result.programs)
+    assert 1488 * (end - 0.2) < result.orphaned_token_s <= 1488 * end
+    jct = sorted(p.jct_s for p in result.programs)
+    assert figures["mean_jct_s"] == pytest.approx(sum(jct) / 2)
+    assert figures["p99_jct_s"] == pytest.approx(jct[0] + (jct[1] - jct[0]) * 0.99)
