@@ -2,37 +2,85 @@
 
 A tenant's snapshot is its models (``inspection.snapshot_keys``) as ``ToolModel``
 messages. Each model's message is serialized once and kept until the model changes
-(same object, same ``n_seen``); a reply is the header's bytes followed by every model's
-bytes, which protobuf parses as one message (concatenated messages merge, repeated
-fields append). The model lock is held for about ``lock_slice_s`` at a time, so a
-snapshot of a tenant with ten thousand tools never stalls decisions.
+(same object, same ``n_seen``, same number of points); a reply is the header's bytes
+followed by every model's bytes, which protobuf parses as one message (concatenated
+messages merge, repeated fields append). The model lock is held for about
+``lock_slice_s`` at a time, so a snapshot of a tenant with ten thousand tools never
+stalls decisions.
+
+Sizes are bounded by construction: a snapshot holds at most ``SNAPSHOT_POINTS``
+durations over all its models (each model at most ``inspection.SNAPSHOT_MAX_POINTS``,
+at least ``MIN_POINTS_PER_MODEL``; a window longer than its share is sent as evenly
+spaced quantiles, ``summarized``). A tenant at the default name caps (1,000 tools,
+10,000 signatures: 11,001 models) gets 23 points per model, about 2.7 MB with names of
+twenty characters and at most 13.8 MB with every name at its 128-character limit in
+4-byte UTF-8, under ``MAX_SNAPSHOT_BYTES`` (32 MiB), the receive limit of every
+``ControlPlaneClient`` channel and the server's send limit. A reply that would still
+pass it (thousands of published shared tools) is refused with ``OverloadedError``
+naming the sizes (the stream ends RESOURCE_EXHAUSTED), never cut short.
 """
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from controlplane import inspection
 from controlplane._gen.cachettl.v1 import model_pb2
+from controlplane.errors import OverloadedError
 from controlplane.state import ModelState, in_slices
 from controlplane.wire import duration
-from estimator import DurationModel
+from estimator import DurationModel, Level
 
-__all__ = ["SnapshotPayloads", "in_slices"]
+__all__ = [
+    "MAX_SNAPSHOT_BYTES",
+    "MIN_POINTS_PER_MODEL",
+    "SNAPSHOT_POINTS",
+    "SnapshotPayloads",
+    "in_slices",
+    "points_per_model",
+]
 
-_Entry = tuple[DurationModel, int, bytes]  # (model, its n_seen, serialized ToolModel field)
+#: The largest ``WatchSnapshotsResponse``: the server's send limit and the receive limit
+#: of every ``ControlPlaneClient`` channel (gRPC's default receive limit is 4 MiB).
+MAX_SNAPSHOT_BYTES = 32 * 1024 * 1024
+#: Durations a snapshot holds at most over all its models (2 MiB of doubles).
+SNAPSHOT_POINTS = 262_144
+#: The fewest points a model with that many samples is sent with, however many models.
+MIN_POINTS_PER_MODEL = 16
+
+# (model, its n_seen, its points, serialized ToolModel field)
+_Entry = tuple[DurationModel, int, int, bytes]
 
 
-def _model_field(key: inspection.ModelKey, model: DurationModel) -> bytes:
-    v = inspection.model_view(key, model)
+def points_per_model(models: int) -> int:
+    """Points each model of a snapshot of ``models`` models is sent with at most.
+
+    >>> points_per_model(1), points_per_model(1_201), points_per_model(11_001)
+    (512, 218, 23)
+    >>> points_per_model(100_000)
+    16
+    """
+    share = SNAPSHOT_POINTS // max(1, models)
+    return max(MIN_POINTS_PER_MODEL, min(inspection.SNAPSHOT_MAX_POINTS, share))
+
+
+def _model_field(key: inspection.ModelKey, model: DurationModel, points: int) -> bytes:
+    level, tool, signature = key
+    samples = model.sorted_samples()
+    thinned = samples.size > points
+    if thinned:
+        samples = samples[np.linspace(0, samples.size - 1, points).round().astype(int)]
     message = model_pb2.ToolModel(
-        tool_name=v.tool_name,
-        signature=v.signature,
-        level=v.level,
-        sorted_durations_seconds=v.sorted_durations_s,
-        summarized=v.summarized,
-        sample_count=v.sample_count,
-        drift_epoch=v.drift_epoch,
+        tool_name=tool,
+        signature=signature,
+        level=level.value,
+        sorted_durations_seconds=samples.tolist(),
+        # Shared models are always summaries (published quantiles, controlplane.sharing).
+        summarized=thinned or level is Level.SHARED,
+        sample_count=model.n_samples,
+        drift_epoch=model.drift_epoch,
     )
     return model_pb2.WatchSnapshotsResponse(models=[message]).SerializeToString()
 
@@ -40,8 +88,9 @@ def _model_field(key: inspection.ModelKey, model: DurationModel) -> bytes:
 class SnapshotPayloads:
     """Per-tenant caches of serialized models; thread-safe for different tenants."""
 
-    def __init__(self, lock_slice_s: float = 0.002) -> None:
+    def __init__(self, lock_slice_s: float = 0.002, max_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
         self.lock_slice_s = lock_slice_s
+        self.max_bytes = max_bytes
         self._entries: dict[str, dict[inspection.ModelKey, _Entry]] = {}
 
     def build(
@@ -50,6 +99,7 @@ class SnapshotPayloads:
         """``(version, serialized WatchSnapshotsResponse)`` of ``tenant``'s models.
 
         The version is read first, so the reply holds at least that version's models.
+        Raises ``OverloadedError`` if the reply would pass ``max_bytes``.
         """
         with lock:
             keys = inspection.snapshot_keys(state, tenant, share)
@@ -60,6 +110,7 @@ class SnapshotPayloads:
                 queue_delay=duration(stats.queue.get(), "queue_delay"),
                 min_samples=state.models.durations.min_samples,
             )
+        points = points_per_model(len(keys))
         old = self._entries.get(tenant, {})
         new: dict[inspection.ModelKey, _Entry] = {}
         parts = [header.SerializeToString()]
@@ -69,13 +120,19 @@ class SnapshotPayloads:
             if model is None:
                 return
             entry = old.get(key)
-            if entry is None or entry[0] is not model or entry[1] != model.n_seen:
-                entry = (model, model.n_seen, _model_field(key, model))
+            if entry is None or entry[0] is not model or entry[1:3] != (model.n_seen, points):
+                entry = (model, model.n_seen, points, _model_field(key, model, points))
             new[key] = entry
-            parts.append(entry[2])
+            parts.append(entry[3])
 
         in_slices(lock, keys, add, self.lock_slice_s)
         self._entries[tenant] = new
+        size = sum(map(len, parts))
+        if size > self.max_bytes:
+            raise OverloadedError(
+                f"snapshot: {len(new)} models make {size} bytes, over the limit of "
+                f"{self.max_bytes} bytes per message"
+            )
         return header.version, b"".join(parts)
 
     def forget(self, tenant: str) -> None:

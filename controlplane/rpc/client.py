@@ -42,6 +42,7 @@ from controlplane._gen.cachettl.v1 import (
 )
 from controlplane.kvhints import envelope_from_proto
 from controlplane.records import MissReason, PinOutcome, ToolCall, TurnCache
+from controlplane.snapshots import MAX_SNAPSHOT_BYTES
 from controlplane.wire import duration, seconds, timestamp
 from estimator import RequestFacts
 
@@ -171,10 +172,12 @@ class ControlPlaneClient:
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
+        # Snapshots may pass gRPC's default receive limit of 4 MiB (controlplane.snapshots).
+        options = [("grpc.max_receive_message_length", MAX_SNAPSHOT_BYTES)]
         if tls is None:
-            self._channel = grpc.insecure_channel(target)
+            self._channel = grpc.insecure_channel(target, options)
         else:
-            self._channel = grpc.secure_channel(target, tls.credentials())
+            self._channel = grpc.secure_channel(target, tls.credentials(), options)
         self._metadata = (("authorization", f"Bearer {token}"),)
         self._events: Any = events_pb2_grpc.ToolEventServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._ttl: Any = ttl_pb2_grpc.TtlServiceStub(self._channel)  # type: ignore[no-untyped-call]

@@ -29,6 +29,7 @@ from controlplane.rpc.gate import Budgets
 from controlplane.rpc.metrics import Metrics
 from controlplane.rpc.servicer import Servicer, generic_handlers
 from controlplane.service import ControlPlane
+from controlplane.snapshots import MAX_SNAPSHOT_BYTES
 
 __all__ = ["SERVICE_NAMES", "ControlPlaneServer", "ServerOptions", "TlsFiles", "serve"]
 
@@ -155,7 +156,12 @@ class ControlPlaneServer:
         # health checks included. Admission is the servicer's gate (controlplane.rpc.gate).
         budgets = replace(o.budgets, calls_total=o.max_concurrent_rpcs)
         per_connection = budgets.calls_per_peer + budgets.streams_per_peer
-        server = grpc.aio.server(options=[("grpc.max_concurrent_streams", per_connection)])
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_concurrent_streams", per_connection),
+                ("grpc.max_send_message_length", MAX_SNAPSHOT_BYTES),
+            ]
+        )
         servicer = Servicer(self.plane, self.metrics, o.limits, o.watch_interval_s, budgets, o.auth)
         self._servicer = servicer
         server.add_generic_rpc_handlers(generic_handlers(servicer, _FILES))

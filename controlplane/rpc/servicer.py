@@ -399,7 +399,11 @@ class Servicer(CoherenceMethods):
             while True:
                 tenant = await self.gate.authenticate(context)
                 if self.plane.tenant_version(tenant) > after:
-                    version, payload = await self._snapshot(tenant)
+                    try:
+                        version, payload = await self._snapshot(tenant)
+                    except OverloadedError as error:
+                        log.warning("tenant %r: %s", tenant.name, error)
+                        raise
                     if version > after:
                         self.metrics.snapshot_sent(version)
                         yield payload

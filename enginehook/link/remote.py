@@ -128,6 +128,7 @@ class ControlPlaneLink:
         self.rejected = 0
         self.failures = 0
         self.snapshots = 0
+        self.snapshot_failures = 0
         self.snapshot_version = 0
         self._incoming: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._lock: IO[bytes] | None = None  # the spill folder's lock, held while open
@@ -182,6 +183,7 @@ class ControlPlaneLink:
             ("cachettl_control_plane_spill_dropped_total", "counter", self.buffer.dropped),
             ("cachettl_control_plane_send_failures_total", "counter", self.failures),
             ("cachettl_control_plane_snapshots_total", "counter", self.snapshots),
+            ("cachettl_control_plane_snapshot_failures_total", "counter", self.snapshot_failures),
             ("cachettl_control_plane_snapshot_version", "gauge", self.snapshot_version),
         ]
 
@@ -291,7 +293,8 @@ class ControlPlaneLink:
                     if self._stop.is_set():
                         return
             except Exception as exc:
-                logger.debug("snapshot stream ended (%s)", exc)
+                self.snapshot_failures += 1
+                logger.warning("snapshot stream failed, retrying: %s", str(exc)[:300])
             self._stop.wait(backoff)
             backoff = min(self.max_backoff_s, backoff * 2)
 
