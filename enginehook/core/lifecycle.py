@@ -121,6 +121,13 @@ class EngineHost(Protocol[H]):
         ...
 
 
+#: Most programs a :class:`PinController` keeps state for (arrival, tenant, service and
+#: its tracker's turn counts). Past it the program that arrived least recently and holds
+#: no pin is forgotten, as a program idle past ``idle_program_s`` is (its next turn starts
+#: afresh); ``PinController.evicted`` counts them.
+MAX_PROGRAMS = 65_536
+
+
 class PinController(Generic[H]):
     """Pins, trackers, arrivals, the policy and the rules of one engine."""
 
@@ -134,9 +141,16 @@ class PinController(Generic[H]):
         engine_id: str,
         cpu_tier: bool = False,
         block_size: int = 16,
+        max_programs: int = MAX_PROGRAMS,
     ) -> None:
         """``decider``: ``None`` never pins (the controller still tracks and orders).
-        ``block_size``: tokens per KV block (the admission's capacity is the pool's tokens)."""
+        ``block_size``: tokens per KV block (the admission's capacity is the pool's tokens).
+        ``max_programs``: the bound on programs kept (:data:`MAX_PROGRAMS`)."""
+        if max_programs < 1:
+            raise ValueError(f"max_programs must be >= 1, got {max_programs}")
+        self.max_programs = max_programs
+        #: Programs forgotten to keep ``max_programs``.
+        self.evicted = 0
         self.rules = rules
         self.host = host
         self.decider = decider
@@ -257,7 +271,10 @@ class PinController(Generic[H]):
         not a new program (no first-turn head start or reclaim: those are for new
         sessions) and a session that fans out gets no larger share under service-based
         orders."""
+        self._tenants.pop(program_id, None)  # most recent last: the bound evicts the oldest
         self._tenants[program_id] = tenant
+        if len(self._tenants) > self.max_programs:
+            self._evict_oldest()
         if parent is not None and parent != program_id:
             arrival = min(arrival, self.arrivals.first(parent, arrival))
             if program_id not in self._tokens and parent in self._tokens:
@@ -404,6 +421,19 @@ class PinController(Generic[H]):
         if event is not None:
             self.host.emit(event)
 
+    def _evict_oldest(self) -> None:
+        victim = next((p for p in self._tenants if p not in self.pins), None)
+        if victim is None:
+            return
+        self._tracker_of(victim).forget(victim)
+        self._forget(victim)
+        self.evicted += 1
+
+    @property
+    def programs(self) -> int:
+        """Programs the controller keeps state for (at most ``max_programs``)."""
+        return len(self._tenants)
+
     def _forget(self, program_id: str) -> None:
         self.arrivals.forget(program_id)
         self._service.pop(program_id, None)
@@ -477,8 +507,11 @@ class PinController(Generic[H]):
         """Forget programs whose tool call finished over ``idle_s`` ago without a return,
         and report each one's end (the turns it was served). Returns their ids."""
         ended: list[ProgramEndEvent] = []
+        quiet: list[str] = []
         for tracker in self._trackers.values():
-            ended += tracker.forget_idle(now, idle_s)
+            ended += tracker.forget_idle(now, idle_s, quiet)
+        for program_id in quiet:
+            self._forget(program_id)
         for event in ended:
             self._forget(event.program_id)
             self.host.emit(event)

@@ -31,8 +31,10 @@ program id used again (after its end, or after it was forgotten as abandoned) ge
 ids instead of being dropped as a repeat of its first run. ``event_record`` /
 ``event_from_record`` are the events' one JSON form (event log, spill files).
 
-Memory: one pending entry per program between a turn and its return (``forget_idle``
-drops abandoned ones) and at most ``PREFIX_BLOCKS_KEPT`` kept block hashes in all; past
+Memory: one pending entry and a turn count per program known here, freed at the
+program's end, by ``forget_idle`` (programs idle past ``idle_program_s``, whether their
+last turn called a tool or not) and by ``forget`` (the controller's bound on programs,
+``lifecycle.MAX_PROGRAMS``); at most ``PREFIX_BLOCKS_KEPT`` kept block hashes in all; past
 it the oldest programs' prefixes are dropped (their returns are classified without a
 divergence check).
 
@@ -449,14 +451,16 @@ class ToolCallTracker:
         self._lives.pop(program_id, None)
         return self._turns.pop(program_id, 0)
 
-    def forget_idle(self, now: float, idle_s: float) -> list[ProgramEndEvent]:
+    def forget_idle(
+        self, now: float, idle_s: float, quiet: list[str] | None = None
+    ) -> list[ProgramEndEvent]:
         """Drop programs whose last tool call finished over ``idle_s`` ago without a return
         (abandoned programs: an agent stopped by its step limit, a client gone), so memory
         stays bounded. Returns each one's end, ``total_turns`` the turns it was served and
         ``ended_at`` its last turn's finish: the program did end there, and leaving it out
         would bias the turn-count statistics towards programs that say when they end. A
-        program whose last turn called no tool only loses its pending return (as before,
-        it is not forgotten)."""
+        program whose last turn called no tool is forgotten without an end (a chat that
+        may go on; its next turn starts afresh); its id is appended to ``quiet``."""
         stale = [
             pid
             for pid, p in self._pending.items()
@@ -472,7 +476,18 @@ class ToolCallTracker:
                 ended.append(
                     ProgramEndEvent(event_id, pid, self.tenant, turns, pending.finished_at)
                 )
+            else:
+                self._end(pid)
+                if quiet is not None:
+                    quiet.append(pid)
         return ended
+
+    def forget(self, program_id: str) -> None:
+        """Forget everything known of the program (no event: the controller's bound on
+        programs made room); its next turn here starts afresh."""
+        self._pending.pop(program_id, None)
+        self._drop_prefix(program_id)
+        self._end(program_id)
 
     def __len__(self) -> int:
         return len(self._turns)

@@ -281,6 +281,8 @@ class _PooledHTTPServer(HTTPServer):
     """An HTTP server whose requests run on a fixed pool of threads, holding a bounded
     number of connections."""
 
+    request_queue_size = 128  # accept promptly; the bound is kept after accepting
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pool = ThreadPoolExecutor(METRICS_THREADS, thread_name_prefix="cachettl-metrics")

@@ -68,3 +68,4 @@ class HookServices:
         self.sink.close()
         if self._server is not None:
             self._server.shutdown()
+            self._server.server_close()

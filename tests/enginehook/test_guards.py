@@ -109,3 +109,39 @@ def test_the_hook_refuses_admission_it_cannot_carry_out():
         check_engine(engine)
     engine.cachettl = HookConfig()
     check_engine(engine)  # the default rules pass
+
+
+def test_an_untested_version_with_matching_internals_starts_with_a_warning():
+    from enginehook.vllm.compat import check_vllm
+
+    warning = check_vllm("0.32.1", strict=False)  # the installed 0.32.0's internals
+    assert warning is not None
+    assert "0.32.1" in warning
+    assert "tested: 0.32.0, 0.33.0" in warning
+    assert check_vllm(strict=False) is None  # the installed, tested version
+    with pytest.raises(RuntimeError, match=r"0\.32\.1 is not a tested version.*strict"):
+        check_vllm("0.32.1", strict=True)
+
+
+def test_the_033_sources_pass_under_another_version_and_a_mismatch_is_refused(tmp_path):
+    import shutil
+
+    from enginehook.vllm.compat import ATTRIBUTES, INTERNALS, check_vllm
+    from tests.enginehook.vllm_contract.runner import default_source
+
+    package = default_source("0.33.0") / "vllm"
+    if not (package / "v1/core/sched/scheduler.py").is_file():
+        pytest.skip("vLLM 0.33.0's sources are not unpacked: run scripts/setup")
+    warning = check_vllm("0.33.1", strict=False, package=package)
+    assert warning is not None
+    assert "0.33.1" in warning
+    files = {path for path, _, _ in INTERNALS} | {path for path, _ in ATTRIBUTES}
+    for path in [*files, "v1/core/sched/request_queue.py"]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(package / path, tmp_path / path)
+    pool = tmp_path / "v1/core/block_pool.py"
+    pool.write_text(pool.read_text().replace("def touch(self, blocks", "def touch(self, b"))
+    with pytest.raises(RuntimeError, match=r"BlockPool\.touch parameters changed.*0\.32\.0"):
+        check_vllm("0.33.1", strict=False, package=tmp_path)
+    with pytest.raises(RuntimeError, match=r"BlockPool\.touch parameters changed"):
+        check_vllm("0.33.0", strict=False, package=tmp_path)  # even a tested version string
