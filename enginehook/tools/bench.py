@@ -28,7 +28,7 @@ from typing import Any
 from enginehook.core.rules import SchedulingRules
 from enginehook.vllm.compat import hook_scheduler_cls
 
-__all__ = ["BenchConfig", "Program", "make_trace", "run_bench"]
+__all__ = ["BenchConfig", "BenchProgram", "make_trace", "run_bench"]
 
 _VOCAB = (9, 2000)  # the tiny tokenizer's plain-word ids
 _SHORT = ("ls -la", "cat setup.py", "git diff", "head -n 50 README.md")
@@ -37,7 +37,7 @@ _LONG = ("pytest -x", "pip install -e .")
 
 
 @dataclass(frozen=True)
-class Turn:
+class BenchTurn:
     """One LLM call: tokens appended before it, tokens it generates, and the tool after it."""
 
     input_tokens: int
@@ -47,12 +47,12 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class Program:
+class BenchProgram:
     """An agent program: arrival offset (s) and its turns."""
 
     pid: str
     arrival_s: float
-    turns: list[Turn]
+    turns: list[BenchTurn]
 
 
 @dataclass
@@ -86,30 +86,30 @@ def _tool(rng: random.Random) -> tuple[str, float]:
     return rng.choice(_LONG), rng.uniform(8.0, 15.0)
 
 
-def make_trace(config: BenchConfig, compress: float) -> list[Program]:
+def make_trace(config: BenchConfig, compress: float) -> list[BenchProgram]:
     """The agent trace (same seed → same trace); arrivals and tool gaps × ``compress``."""
     rng = random.Random(config.seed)
-    programs: list[Program] = []
+    programs: list[BenchProgram] = []
     t = 0.0
     rate = config.programs / config.arrival_window_s
     for i in range(config.programs):
         t += rng.expovariate(rate)
         n = rng.randint(6, 10)
-        turns: list[Turn] = []
+        turns: list[BenchTurn] = []
         for k in range(n):
             size = rng.randint(600, 900) if k == 0 else rng.randint(60, 200)
             out = rng.randint(24, 48)
             if k == n - 1:
-                turns.append(Turn(size, out, None, 0.0))
+                turns.append(BenchTurn(size, out, None, 0.0))
             else:
                 args, seconds = _tool(rng)
-                turns.append(Turn(size, out, args, seconds * compress))
-        programs.append(Program(f"prog-{i:03d}", t * compress, turns))
+                turns.append(BenchTurn(size, out, args, seconds * compress))
+        programs.append(BenchProgram(f"prog-{i:03d}", t * compress, turns))
     return programs
 
 
 @dataclass
-class RunResult:
+class BenchResult:
     """Per-program figures of one replay."""
 
     jct_s: list[float] = field(default_factory=list)
@@ -135,7 +135,7 @@ def p90(values: list[float]) -> float:
 
 
 async def _run_program(
-    engine: Any, program: Program, rng: random.Random, result: RunResult
+    engine: Any, program: BenchProgram, rng: random.Random, result: BenchResult
 ) -> None:
     from vllm import SamplingParams
 
@@ -174,8 +174,8 @@ async def _run_program(
     result.jct_s.append(loop.time() - start)
 
 
-async def _replay(engine: Any, programs: list[Program], seed: int) -> RunResult:
-    result = RunResult()
+async def _replay(engine: Any, programs: list[BenchProgram], seed: int) -> BenchResult:
+    result = BenchResult()
     started = time.perf_counter()
     await asyncio.gather(
         *(_run_program(engine, p, random.Random(f"{seed}-{p.pid}"), result) for p in programs)
@@ -216,13 +216,13 @@ async def _start(config: BenchConfig, model: Path, hook: dict[str, Any] | None) 
 
 async def _run_pair(
     config: BenchConfig, model: Path, hook: dict[str, Any]
-) -> dict[str, dict[str, RunResult]]:
+) -> dict[str, dict[str, BenchResult]]:
     """Both engines up at once; replays alternate stock/hook so that background load on a
     shared machine hits both alike."""
     stock = await _start(config, model, None)
     ours = await _start(config, model, hook)
     engines = {"stock": stock, "cachettl": ours}
-    results: dict[str, dict[str, RunResult]] = {name: {} for name in engines}
+    results: dict[str, dict[str, BenchResult]] = {name: {} for name in engines}
     try:
         for regime, compress in config.regimes.items():
             trace = make_trace(config, compress)
@@ -231,7 +231,7 @@ async def _run_pair(
                 for name in order:
                     await engines[name].reset_prefix_cache()
                     run = await _replay(engines[name], trace, config.seed)
-                    merged = results[name].setdefault(regime, RunResult())
+                    merged = results[name].setdefault(regime, BenchResult())
                     merged.jct_s += run.jct_s
                     merged.first_wait_s += run.first_wait_s
                     merged.prompt_tokens += run.prompt_tokens

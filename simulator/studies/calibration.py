@@ -123,10 +123,10 @@ def fit_step_timer(samples: Sequence[StepSample]) -> tuple[FittedStepTimer, dict
 
 
 def convert_trace(programs: Sequence[Any], turn_overhead_s: float = 0.0) -> list[Program]:
-    """The bench's programs (``enginehook.tools.bench.Program``) as simulator programs: every turn
-    but the last calls ``bash`` with the bench's command line; a tool gap is the bench's
-    sleep plus ``turn_overhead_s`` (the client's own time between a turn's last token and
-    the follow-up's arrival in the engine).
+    """The bench's programs (``enginehook.tools.bench.BenchProgram``) as simulator programs:
+    every turn but the last calls ``bash`` with the bench's command line; a tool gap is the
+    bench's sleep plus ``turn_overhead_s`` (the client's own time between a turn's last token
+    and the follow-up's arrival in the engine).
 
     >>> from types import SimpleNamespace as NS
     >>> bench = [NS(pid="p", arrival_s=0.5, turns=[NS(input_tokens=700, output_tokens=30,
