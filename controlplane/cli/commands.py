@@ -130,10 +130,16 @@ def _serve(args: argparse.Namespace) -> int:
     if not 0 < args.max_duration <= 30 * 86400:
         raise ValueError("--max-duration must be in (0, 2592000] seconds")
     tls = None
-    if args.tls_cert or args.tls_key:
+    if args.tls_cert or args.tls_key or args.tls_client_ca:
+        if args.tls_client_ca and not (args.tls_cert or args.tls_key):
+            raise ValueError(
+                "--tls-client-ca requires --tls-cert and --tls-key (mutual TLS); refusing "
+                "to start a plaintext server that asks no client certificate"
+            )
         if not (args.tls_cert and args.tls_key):
             raise ValueError("--tls-cert and --tls-key go together")
         tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+        tls.credentials()  # a missing or bad file: one line naming the flag, before binding
     from estimator import get_profile
 
     get_profile(args.profile)  # ValueError naming the valid profiles

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import re
 import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,12 +58,24 @@ class TlsFiles:
     client_ca: Path | None = None
 
     def credentials(self) -> grpc.ServerCredentials:
-        pair = [(self.key.read_bytes(), self.cert.read_bytes())]
+        """The server's credentials; ``ValueError`` naming the flag and the file of one
+        that is missing, unreadable or holds no PEM block of its kind."""
+        pair = [(_pem("--tls-key", self.key, "PRIVATE KEY"), _pem("--tls-cert", self.cert))]
         if self.client_ca is None:
             return grpc.ssl_server_credentials(pair)
-        return grpc.ssl_server_credentials(
-            pair, root_certificates=self.client_ca.read_bytes(), require_client_auth=True
-        )
+        ca = _pem("--tls-client-ca", self.client_ca)
+        return grpc.ssl_server_credentials(pair, root_certificates=ca, require_client_auth=True)
+
+
+def _pem(flag: str, path: Path, kind: str = "CERTIFICATE") -> bytes:
+    """The bytes of a PEM file holding a ``kind`` block (``-----BEGIN … KIND-----``)."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot read {str(path)!r}: {error.strerror}") from None
+    if not re.search(rb"-----BEGIN [A-Z ]*" + kind.encode() + rb"-----", data):
+        raise ValueError(f"{flag}: {str(path)!r} holds no PEM {kind} block")
+    return data
 
 
 @dataclass(frozen=True)

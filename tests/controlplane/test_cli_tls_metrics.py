@@ -157,3 +157,48 @@ def test_metrics_endpoint(store) -> None:
     assert "cachettl_events_ingested_total 1.0" in text
     assert 'cachettl_decisions_total{basis="cold-start"} 1.0' in text
     assert 'cachettl_rpc_latency_seconds_count{method="RecordToolCalls"} 1.0' in text
+
+
+def _serve_refused(tmp_path: Path, *flags: str) -> str:
+    """``serve`` with ``flags``: exits 2 at once with one line on stderr (the message)."""
+    db = f"sqlite:///{tmp_path / 'tls.sqlite3'}"
+    argv = [sys.executable, "-m", "controlplane", "serve", "--listen", "127.0.0.1:0"]
+    done = subprocess.run(
+        [*argv, "--db", db, *flags], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "on port" not in done.stdout, "started a server"
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    return line
+
+
+def test_contradictory_tls_flags_are_refused(tmp_path: Path) -> None:
+    pki = _pki(tmp_path)
+    line = _serve_refused(tmp_path, "--tls-client-ca", str(pki["ca"]))
+    assert "--tls-client-ca requires --tls-cert and --tls-key" in line
+    assert "plaintext" in line
+    line = _serve_refused(tmp_path, "--tls-cert", str(pki["server"]))
+    assert "--tls-cert and --tls-key go together" in line
+
+
+def test_bad_tls_files_name_the_flag_and_file(tmp_path: Path) -> None:
+    pki = _pki(tmp_path)
+    missing = tmp_path / "nowhere.pem"
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    unreadable = tmp_path / "unreadable.pem"
+    unreadable.mkdir()  # a folder: reading it fails even as root
+    good = {"--tls-cert": pki["server"], "--tls-key": pki["server-key"]}
+    cases = [
+        ("--tls-cert", missing, "cannot read"),
+        ("--tls-key", garbage, "holds no PEM PRIVATE KEY block"),
+        ("--tls-client-ca", unreadable, "cannot read"),
+        ("--tls-cert", pki["server-key"], "holds no PEM CERTIFICATE block"),
+    ]
+    for flag, path, what in cases:
+        files = {**good, flag: path}
+        line = _serve_refused(tmp_path, *(x for kv in files.items() for x in map(str, kv)))
+        assert line.startswith(f"cachettl: error: {flag}: "), line
+        assert str(path) in line
+        assert what in line
