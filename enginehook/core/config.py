@@ -35,7 +35,7 @@ __all__ = [
     "CPU_TIER_CONNECTORS",
     "CPU_TIER_SETTINGS",
     "TOKEN_ENV",
-    "CpuTier",
+    "CpuTierSetting",
     "HookConfig",
     "detect_cpu_tier",
 ]
@@ -209,7 +209,7 @@ def _read_token(path: str) -> str:
 
 
 @dataclass(frozen=True)
-class CpuTier:
+class CpuTierSetting:
     """Whether the engine keeps a CPU copy of finished requests' KV blocks.
 
     ``on``: misses are priced as a reload (``RequestFacts.offload``). ``reason``: why, in
@@ -228,9 +228,9 @@ class CpuTier:
         prompt (``prompt_only``) or of everything computed (all tokens but the last
         sampled one, whose KV is never written).
 
-        >>> CpuTier(True, "", prompt_only=True).offloaded_tokens(100, 140, 32)
+        >>> CpuTierSetting(True, "", prompt_only=True).offloaded_tokens(100, 140, 32)
         96
-        >>> CpuTier(True, "", prompt_only=False).offloaded_tokens(100, 140, 32)
+        >>> CpuTierSetting(True, "", prompt_only=False).offloaded_tokens(100, 140, 32)
         128
         """
         if not self.on:
@@ -269,7 +269,7 @@ def _stores_decode(name: str, extra: Mapping[str, Any]) -> bool:
     return name in _STORES_DECODE
 
 
-def detect_cpu_tier(setting: str, vllm_config: Any) -> CpuTier:
+def detect_cpu_tier(setting: str, vllm_config: Any) -> CpuTierSetting:
     """Resolve ``cpu_tier`` against the engine's ``VllmConfig``.
 
     ``auto`` is on when a connector of :data:`CPU_TIER_CONNECTORS` is configured in a
@@ -295,14 +295,14 @@ def detect_cpu_tier(setting: str, vllm_config: Any) -> CpuTier:
     size = getattr(cache, "kv_offloading_size", None)
     if setting == "off":
         ignored = f" (ignoring {', '.join(names)})" if names else ""
-        return CpuTier(False, f"cpu_tier=off{ignored}: misses priced as a full prefill")
+        return CpuTierSetting(False, f"cpu_tier=off{ignored}: misses priced as a full prefill")
     if setting == "on":
         found = ", ".join(names) if names else "no known CPU-tier connector configured"
-        return CpuTier(
+        return CpuTierSetting(
             True, f"cpu_tier=on ({found}): misses priced as a CPU reload", names, prompt_only
         )
     if tiers:
-        return CpuTier(
+        return CpuTierSetting(
             True,
             f"auto: KV connector {', '.join(names)} keeps a CPU copy; misses priced as a reload",
             names,
@@ -310,21 +310,21 @@ def detect_cpu_tier(setting: str, vllm_config: Any) -> CpuTier:
         )
     if size is not None:
         backend = getattr(cache, "kv_offloading_backend", "native")
-        return CpuTier(
+        return CpuTierSetting(
             True,
             f"auto: kv_offloading_size={size} GiB ({backend}); misses priced as a reload",
             (),
             True,
         )
     if not entries:
-        return CpuTier(False, "auto: no KV connector; misses priced as a full prefill")
+        return CpuTierSetting(False, "auto: no KV connector; misses priced as a full prefill")
     parts = []
     for name, role, _ in entries:
         if name in CPU_TIER_CONNECTORS:
             parts.append(f"{name} in role {role!r} stores nothing from this engine")
         else:
             parts.append(f"{name} is not a known CPU tier")
-    return CpuTier(
+    return CpuTierSetting(
         False,
         f"auto: {'; '.join(parts)} (set cpu_tier to on if it keeps a CPU copy); "
         "misses priced as a full prefill",

@@ -13,7 +13,7 @@ from typing import Any
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
 
-from enginehook.core.config import CpuTier
+from enginehook.core.config import CpuTierSetting
 from enginehook.core.detect import detect_tool_call
 from enginehook.core.lifecycle import FinishedTurn
 from enginehook.core.priority import SortedWaitQueue
@@ -148,7 +148,7 @@ def finished_turn(
     text: ToolCallText,
     *,
     tenant: str,
-    cpu_tier: CpuTier,
+    cpu_tier: CpuTierSetting,
     block_size: int,
     can_free: bool,
     now: float,

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import pytest
 
-from enginehook.core.config import CpuTier, HookConfig, detect_cpu_tier
+from enginehook.core.config import CpuTierSetting, HookConfig, detect_cpu_tier
 from enginehook.core.decide import TtlDecider
 from enginehook.core.pressure import PressureRule
 from enginehook.vllm.metrics import HookMetrics
@@ -148,9 +148,9 @@ def test_on_and_off_override_detection():
 
 
 def test_offloaded_tokens_are_whole_blocks():
-    tier = CpuTier(True, "", prompt_only=True)
+    tier = CpuTierSetting(True, "", prompt_only=True)
     assert tier.offloaded_tokens(prompt_tokens=95, total_tokens=200, block_size=32) == 64
-    assert CpuTier(False, "").offloaded_tokens(95, 200, 32) == 0
+    assert CpuTierSetting(False, "").offloaded_tokens(95, 200, 32) == 0
 
 
 # -- the setting --------------------------------------------------------------------------
