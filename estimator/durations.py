@@ -15,17 +15,70 @@ from typing import Any
 import numpy as np
 from river import drift, sketch
 
-from estimator._checks import check_count, check_duration, check_positive
+from estimator._checks import check_count, check_duration, check_non_negative, check_positive
 from estimator.base import Estimator
-from estimator.ttl import FloatArray, best_ttl_sorted
+from estimator.ttl import FloatArray, best_ttl_mixture, best_ttl_sorted
 
-__all__ = ["DurationModel"]
+__all__ = ["DETECTORS", "DurationModel"]
+
+#: Change detectors a model may run on its log-durations.
+DETECTORS = ("adwin", "adwin-fast", "kswin", "page-hinkley", "cusum")
+#: New samples a drift prior needs before its shift is estimated and the model trusted.
+MIN_SHIFT_SAMPLES = 5
+#: Newest samples River's detectors keep on a detection (KSWIN's statistic window).
+_RIVER_KEEP = {"kswin": 30, "page-hinkley": 10}
 
 #: Durations below this are logged as this (log of 0 is undefined); 1 µs.
 LOG_FLOOR_S = 1e-6
 #: Samples a new model has room for; the buffers double as samples arrive, up to the
 #: window (so a key seen once costs about 1 KiB, not ``16 × window`` bytes).
 INITIAL_CAPACITY = 16
+
+
+def _river_detector(name: str) -> Any:
+    if name == "kswin":
+        return drift.KSWIN(seed=0)
+    if name == "page-hinkley":
+        return drift.PageHinkley()
+    return None
+
+
+class _Cusum:
+    """Two-sided CUSUM of log-durations standardised by the window's median and MAD
+    (robust to the heavy tails and mixtures log-durations have): S⁺ and S⁻ grow by
+    ``|z| − k`` per sample and signal at ``h``. The change point is where the signalling
+    sum last stood at 0, so what came after it is the new regime.
+    """
+
+    K = 0.5
+    H = 8.0
+    #: Samples the window needs before the reference is trusted.
+    MIN_REFERENCE = 10
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.up = self.down = 0.0
+        self.run_up = self.run_down = 0
+
+    def update(self, log_x: float, window: FloatArray) -> int | None:
+        """Samples to keep if a change is signalled at this sample, else None."""
+        if window.shape[0] < self.MIN_REFERENCE:
+            return None
+        logs = np.log(np.maximum(window, LOG_FLOOR_S))
+        median = float(np.median(logs))
+        mad = 1.4826 * float(np.median(np.abs(logs - median)))
+        z = (log_x - median) / max(mad, 0.05)
+        self.up = max(0.0, self.up + z - self.K)
+        self.down = max(0.0, self.down - z - self.K)
+        self.run_up = self.run_up + 1 if self.up > 0 else 0
+        self.run_down = self.run_down + 1 if self.down > 0 else 0
+        if self.up > self.H:
+            return self.run_up
+        if self.down > self.H:
+            return self.run_down
+        return None
 
 
 class DurationModel(Estimator):
@@ -41,6 +94,18 @@ class DurationModel(Estimator):
         ADWIN's confidence parameter (smaller: fewer, surer detections).
     summary_bins
         Bins of the streaming log-duration histogram.
+    detector
+        What detects a change of regime on log-durations (one of :data:`DETECTORS`):
+        ``adwin`` (the default; forgets what precedes ADWIN's shrunken window, checked
+        every 32 samples), ``adwin-fast`` (the same, checked at every sample),
+        ``kswin`` / ``page-hinkley`` (River's; keep the last 30 / 10 samples on a
+        detection) or ``cusum`` (a two-sided CUSUM on log-durations standardised by the
+        window's median and MAD; keeps the samples since the CUSUM last stood at 0).
+    drift_prior
+        α > 0: on a detected change the forgotten regime is kept as a prior, shifted by
+        the change of the mean log-duration the new samples show; the CDF is the mixture
+        (n·F_new + α·F_old shifted)/(n + α), and the model counts as holding n + α
+        samples once it holds :data:`MIN_SHIFT_SAMPLES` new ones (0: off, the default).
 
     >>> model = DurationModel(window=4)
     >>> for d in [0.5, 0.1, 2.0, 0.3, 0.2]:
@@ -59,6 +124,8 @@ class DurationModel(Estimator):
         forget_on_drift: bool = True,
         drift_delta: float = 0.002,
         summary_bins: int = 64,
+        detector: str = "adwin",
+        drift_prior: float = 0.0,
     ) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive integer, got {window!r}")
@@ -69,6 +136,14 @@ class DurationModel(Estimator):
         self.forget_on_drift = forget_on_drift
         self.drift_delta = drift_delta
         self.summary_bins = summary_bins
+        if detector not in DETECTORS:
+            raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {detector!r}")
+        self.detector = detector
+        self.drift_prior = check_non_negative("drift_prior", drift_prior)
+        self._old_logs: FloatArray | None = None  # the forgotten regime (sorted logs)
+        self._shifted: tuple[int, FloatArray] = (-1, np.empty(0, dtype=np.float64))
+        self._other: Any = _river_detector(detector)
+        self._cusum = _Cusum() if detector == "cusum" else None
         capacity = min(window, INITIAL_CAPACITY)
         self._sorted = np.zeros(capacity, dtype=np.float64)
         # Arrival order, oldest at _head; _head is 0 until the window is full (it moves only
@@ -78,7 +153,7 @@ class DurationModel(Estimator):
         self._n = 0
         self._seen = 0
         self._drift_epoch = 0
-        self._adwin = drift.ADWIN(delta=drift_delta)
+        self._adwin = drift.ADWIN(delta=drift_delta, clock=1 if detector == "adwin-fast" else 32)
         self._summary = sketch.Histogram(max_bins=summary_bins)
         self._ranks: FloatArray = np.empty(0, dtype=np.float64)
 
@@ -94,13 +169,53 @@ class DurationModel(Estimator):
             self._insert(x)
         self._seen += 1
         self._summary.update(log_x)
+        if self.detector not in ("adwin", "adwin-fast"):
+            self._detect_other(log_x)
+            return
         self._adwin.update(log_x)
         if self._adwin.drift_detected:
             self._drift_epoch += 1
+            self._remember_regime()
         # ADWIN's window only shrinks when it cuts off an older regime (at its first
         # detection, and again as it trims buckets that straddled the change).
         if self.forget_on_drift and self._adwin.width < self._n:
             self._keep_newest(int(self._adwin.width))
+
+    def _detect_other(self, log_x: float) -> None:
+        if self._cusum is not None:
+            keep = self._cusum.update(log_x, self._sorted[: self._n])
+        else:
+            self._other.update(log_x)
+            keep = _RIVER_KEEP[self.detector] if self._other.drift_detected else None
+        if keep is None:
+            return
+        self._drift_epoch += 1
+        self._remember_regime()
+        if self.forget_on_drift and keep < self._n:
+            self._keep_newest(keep)
+            if self._cusum is not None:
+                self._cusum.reset()
+
+    def _remember_regime(self) -> None:
+        """With a drift prior, keep the window (the regime being left) as the prior."""
+        if self.drift_prior > 0 and self.forget_on_drift and self._n >= MIN_SHIFT_SAMPLES:
+            self._old_logs = np.log(np.maximum(self._sorted[: self._n], LOG_FLOOR_S))
+
+    def _prior(self) -> FloatArray | None:
+        """The old regime shifted to the new samples' mean log-duration (sorted), or None
+        while there are too few new samples or no prior."""
+        old = self._old_logs
+        if old is None or self._n < MIN_SHIFT_SAMPLES:
+            return None
+        if self._shifted[0] != self._seen:
+            new = np.log(np.maximum(self._sorted[: self._n], LOG_FLOOR_S))
+            self._shifted = (self._seen, np.exp(old + (float(new.mean()) - float(old.mean()))))
+        return self._shifted[1]
+
+    @property
+    def trusted_samples(self) -> float:
+        """Samples the model's CDF rests on: n, plus α while a drift prior stands in."""
+        return self._n + (self.drift_prior if self._prior() is not None else 0.0)
 
     def _grow(self) -> None:
         """Double the buffers (up to the window); only called while not full, _head = 0."""
@@ -179,11 +294,16 @@ class DurationModel(Estimator):
         return self._arrival_order()
 
     def cdf(self, duration_s: float) -> float:
-        """Share of window samples ≤ ``duration_s``; 0.0 before any update."""
+        """Share of window samples ≤ ``duration_s`` (mixed with the shifted old regime
+        while a drift prior stands); 0.0 before any update."""
         if self._n == 0:
             return 0.0
         count = int(np.searchsorted(self._sorted[: self._n], duration_s, side="right"))
-        return count / self._n
+        prior = self._prior()
+        if prior is None:
+            return count / self._n
+        old = int(np.searchsorted(prior, duration_s, side="right")) / int(prior.shape[0])
+        return (count + self.drift_prior * old) / (self._n + self.drift_prior)
 
     def quantile(self, q: float) -> float:
         """Empirical quantile (inverse CDF: smallest sample with F ≥ q); 0.0 when empty."""
@@ -209,8 +329,14 @@ class DurationModel(Estimator):
         return [(math.exp(b.left), math.exp(b.right), int(b.count)) for b in self._summary]
 
     def best_ttl(self, benefit_s: float, cap_s: float | None = None) -> tuple[float, float]:
-        """``(τ*, F(τ*))`` over the window: the exact optimiser of ``estimator.ttl``."""
+        """``(τ*, F(τ*))`` over the window: the exact optimiser of ``estimator.ttl`` (over
+        the mixture with the shifted old regime while a drift prior stands)."""
         n = self._n
+        prior = self._prior()
+        if prior is not None:
+            a = self.drift_prior
+            parts = [(n / (n + a), self._sorted[:n]), (a / (n + a), prior)]
+            return best_ttl_mixture(parts, benefit_s, cap_s)
         if self._ranks.shape[0] != n:
             self._ranks = np.arange(1, n + 1, dtype=np.float64) / n
         return best_ttl_sorted(self._sorted[:n], benefit_s, cap_s, self._ranks)

@@ -143,6 +143,8 @@ class DurationHierarchy(Estimator):
         signatures: SignatureRegistry | None = None,
         max_tools: int | None = None,
         max_signatures: int | None = None,
+        detector: str = "adwin",
+        drift_prior: float = 0.0,
     ) -> None:
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 0:
             raise ValueError(f"min_samples must be an integer >= 0, got {min_samples!r}")
@@ -153,7 +155,14 @@ class DurationHierarchy(Estimator):
         #: Bounds per tenant on distinct tool names and (tool, signature) pairs (None: none).
         self.max_tools = max_tools
         self.max_signatures = max_signatures
-        self._prototype = DurationModel(window=window, forget_on_drift=forget_on_drift)
+        self.detector = detector
+        self.drift_prior = drift_prior
+        self._prototype = DurationModel(
+            window=window,
+            forget_on_drift=forget_on_drift,
+            detector=detector,
+            drift_prior=drift_prior,
+        )
         self._models: dict[_Key, DurationModel] = {}
         self._tenant_totals: dict[str, int] = {}
         self._names: dict[str, list[int]] = {}  # tenant -> [tool names, signatures]
@@ -316,7 +325,7 @@ class DurationHierarchy(Estimator):
             model = self.model(level, tool, args, tenant)
             if model is None or model.n_samples == 0:
                 continue
-            if model.n_samples > self.min_samples:
+            if model.trusted_samples > self.min_samples:
                 for i, (thin_level, thin_model) in enumerate(thin):
                     if contradicts(thin_model, model, contradiction_alpha):
                         total = self.tenant_samples(tenant)

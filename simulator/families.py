@@ -30,8 +30,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from simulator.drawing import Invocation, WorkloadSpec, draw_program
 from simulator.trace import Program, Turn
-from simulator.workloads import Invocation, WorkloadSpec, _program
 
 __all__ = [
     "FAMILIES",
@@ -83,7 +83,9 @@ def _base_spec() -> WorkloadSpec:
 def _programs(name: str, n: int, seed: int, spec: WorkloadSpec | None = None) -> list[Program]:
     spec = spec or _base_spec()
     rng = random.Random(f"family:{name}:{seed}")
-    return [dataclasses.replace(_program(spec, i, rng), program_id=f"{name}-{i}") for i in range(n)]
+    return [
+        dataclasses.replace(draw_program(spec, i, rng), program_id=f"{name}-{i}") for i in range(n)
+    ]
 
 
 def _map_calls(programs: Sequence[Program], change: Callable[[int, Turn], Turn]) -> list[Program]:

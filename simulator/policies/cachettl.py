@@ -31,6 +31,10 @@ over pins           ``first_turn_over_pins``: new programs' first turns ahead of
                     pinned returning turns too (the frontier's fair end)
 tier_pressure       ``pressure`` where a CPU tier exists (a miss is a reload)    always
 tier_order_window_s ``order_window_s`` where a CPU tier exists                   0
+detector            change detector on log-durations (``adwin``, ``adwin-fast``,    adwin
+                    ``kswin``, ``page-hinkley``, ``cusum``)
+drift_prior         α > 0: after a change the old regime, shifted to the new         0
+                    samples' mean log-duration, is a prior of weight α
 ==================  ===========================================================  =========
 
 With a CPU tier a lost pin costs a reload, not a prefill; the tier settings replace
@@ -56,7 +60,9 @@ from estimator import (
     TtlPolicy,
     get_policy,
 )
-from estimator.hierarchy import CONTRADICTION_ALPHA
+from estimator.durations import DETECTORS
+from estimator.hierarchy import CONTRADICTION_ALPHA, DurationHierarchy
+from estimator.profiles import HardwareProfile
 from simulator.policies.base import Param, paper_tool_key, register_scheduling_policy, rule_params
 from simulator.policies.pinning import PAPER_RULES, PinningPolicy
 
@@ -99,6 +105,12 @@ def _slack(value: str) -> float:
     return number
 
 
+def _detector(value: str) -> str:
+    if value not in DETECTORS:
+        raise ValueError(f"must be one of: {', '.join(DETECTORS)}")
+    return value
+
+
 def _floor(value: str) -> float:
     number = float(value)
     if not 0.0 < number <= 1.0:
@@ -121,6 +133,8 @@ _ESTIMATOR_DEFAULTS: dict[str, Any] = {
     "per_program": True,
     "cpu_reload": True,
     "ttl_slack": DEFAULT_TTL_SLACK,
+    "detector": "adwin",
+    "drift_prior": 0.0,
 }
 
 #: Every improvement off: the paper's policy (``continuum``) expressed as ``cachettl``.
@@ -191,6 +205,12 @@ _OWN = {
     "per_program": Param(_flag, DEFAULTS["per_program"], "η from the program's progress"),
     "cpu_reload": Param(_flag, DEFAULTS["cpu_reload"], "price a miss as a CPU reload (tier only)"),
     "ttl_slack": Param(_slack, DEFAULTS["ttl_slack"], "hold pins this multiple of the optimal TTL"),
+    "detector": Param(_detector, DEFAULTS["detector"], "change detector on log-durations"),
+    "drift_prior": Param(
+        _finite_non_negative,
+        DEFAULTS["drift_prior"],
+        "after a change, the old regime shifted to the new samples as a prior of this weight",
+    ),
 }
 
 
@@ -217,6 +237,21 @@ class Cachettl(PinningPolicy):
     per_program: bool
     cpu_reload: bool
     ttl_slack: float
+    detector: str
+    drift_prior: float
+
+    def bind(self, profile: HardwareProfile | str, offload: bool) -> None:
+        super().bind(profile, offload)
+        if self.detector == "adwin" and self.drift_prior == 0.0:
+            return  # the hierarchy the pinning policies build
+        assert self.models is not None
+        self.models.durations = DurationHierarchy(
+            min_samples=self.min_samples,
+            forget_on_drift=self.forget_on_drift,
+            signatures=self.signatures(),
+            detector=self.detector,
+            drift_prior=self.drift_prior,
+        )
 
     def ttl_policy(self) -> TtlPolicy:
         return get_policy(

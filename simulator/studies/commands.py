@@ -87,7 +87,7 @@ def register(
     show.set_defaults(handler=_stats)
 
     from simulator.studies import bench as bench_module
-    from simulator.studies import demo, fidelity, frontier, seeds, study
+    from simulator.studies import demo, fidelity, frontier, learning, seeds, study
 
     bench_module.register(bench)
     study.register(bench)
@@ -97,6 +97,7 @@ def register(
     from simulator.studies import cluster as cluster_bench
 
     cluster_bench.register(bench)
+    learning.register(bench)
     demo.register(commands)
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import numpy as np
 import pytest
 
@@ -111,3 +114,41 @@ def test_bad_parameters(kwargs: dict[str, float], message: str) -> None:
 def test_quantile_rejects_out_of_range() -> None:
     with pytest.raises(ValueError, match=r"q must be in \[0, 1\], got 1.5"):
         DurationModel().quantile(1.5)
+
+
+def _step(model: DurationModel, n_old: int, n_new: int, factor: float) -> None:
+    rng = random.Random(7)
+    for _ in range(n_old):
+        model.update(math.exp(rng.gauss(0.0, 0.5)))
+    for _ in range(n_new):
+        model.update(factor * math.exp(rng.gauss(0.0, 0.5)))
+
+
+def test_cusum_forgets_the_old_regime_within_a_few_samples() -> None:
+    model = DurationModel(detector="cusum")
+    _step(model, 300, 8, 6.0)
+    assert model.drift_epoch == 1
+    assert model.n_samples <= 8
+    assert model.quantile(0.0) > 1.0  # only post-change samples (median 6 s) remain
+
+
+def test_drift_prior_is_the_old_shape_shifted_to_the_new_samples() -> None:
+    plain = DurationModel(detector="cusum")
+    prior = DurationModel(detector="cusum", drift_prior=30.0)
+    _step(plain, 300, 10, 6.0)
+    _step(prior, 300, 10, 6.0)
+    assert plain.trusted_samples == plain.n_samples
+    assert prior.trusted_samples == prior.n_samples + 30.0
+    # The shifted prior puts the median near 6 s, as the new regime's is.
+    median = next(x / 100 for x in range(100, 2000) if prior.cdf(x / 100) >= 0.5)
+    assert 4.5 < median < 8.0
+
+
+def test_defaults_run_no_other_detector_and_no_prior() -> None:
+    model = DurationModel()
+    _step(model, 100, 50, 6.0)
+    assert model.trusted_samples == model.n_samples
+    with pytest.raises(ValueError, match="detector must be one of"):
+        DurationModel(detector="magic")
+    with pytest.raises(ValueError, match="drift_prior"):
+        DurationModel(drift_prior=-1.0)
