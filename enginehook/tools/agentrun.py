@@ -30,7 +30,7 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,9 +268,11 @@ def start_vllm(
     dev_mode: bool = False,
     eager: bool = True,
     max_model_len: int = 4096,
+    extra_args: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """vLLM's OpenAI server for ``model`` on ``port`` (prefix caching, blocks of 32 tokens);
-    the CacheTTL scheduler configured by ``hook``, or stock vLLM when ``hook`` is None.
+    the CacheTTL scheduler configured by ``hook``, or stock vLLM when ``hook`` is None;
+    ``extra_args`` last (e.g. ``--middleware``).
     ``dev_mode``: vLLM's development endpoints (``POST /reset_prefix_cache``). ``eager``:
     no torch.compile (vLLM's compile cache is keyed by the whole config, hook settings
     included, so each new setting would compile for minutes on a small CPU)."""
@@ -288,6 +290,7 @@ def start_vllm(
     if hook is not None:
         args += ["--scheduler-cls", hook_scheduler_cls()]
         args += ["--additional-config", json.dumps({"cachettl": hook})]
+    args += extra_args
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     if dev_mode:
