@@ -138,7 +138,7 @@ def _pins(p: PinCounts) -> inspect_pb2.PinStats:
 def _code(error: Exception) -> tuple[grpc.StatusCode, str]:
     for cls, code, prefix in _CODES:
         if isinstance(error, cls):
-            return code, f"{prefix}{error}"
+            return code, validation.clip(f"{prefix}{error}")
     return grpc.StatusCode.INTERNAL, ""
 
 

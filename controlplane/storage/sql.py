@@ -42,6 +42,7 @@ from controlplane.records import (
 from controlplane.storage.base import SNAPSHOTS_KEPT, Store
 from controlplane.storage.migrate import check_schema
 from controlplane.storage.schema import program_ends, snapshots, tenants, tool_events
+from controlplane.validation import clip, quote
 
 __all__ = ["SqlStore", "make_engine", "transaction"]
 
@@ -114,11 +115,11 @@ def transaction(engine: Engine, write: bool = False) -> Iterator[Connection]:
                 yield connection
     except (DataError, OverflowError) as error:  # OverflowError: sqlite3 and huge ints
         original = getattr(error, "orig", None) or error
-        message = f"holds a value the database cannot store: {original}"
+        message = clip(f"holds a value the database cannot store: {original}")
         raise InvalidInputError("request", message) from error
     except SQLAlchemyError as error:
         original = getattr(error, "orig", None)
-        raise StorageError(f"database error: {original or error}") from error
+        raise StorageError(clip(f"database error: {original or error}")) from error
 
 
 _COLUMNS = (
@@ -265,7 +266,7 @@ class SqlStore(Store):
     def create_tenant(self, name: str, share: bool, token_hash: str, now: float) -> Tenant:
         with transaction(self.engine, write=True) as c:
             if c.execute(select(tenants.c.id).where(tenants.c.name == name)).first():
-                raise TenantExistsError(f"tenant {name!r} already exists")
+                raise TenantExistsError(f"tenant {quote(name)} already exists")
             values = {"name": name, "token_hash": token_hash, "share": share, "created_at": now}
             new_id = c.execute(insert(tenants).values(values).returning(tenants.c.id)).scalar()
         return Tenant(int(new_id or 0), name, share, now)
@@ -279,7 +280,7 @@ class SqlStore(Store):
         with transaction(self.engine, write=True) as c:
             found = c.execute(select(tenants.c.id).where(tenants.c.name == name)).first()
             if found is None:
-                raise TenantNotFoundError(f"no tenant named {name!r}")
+                raise TenantNotFoundError(f"no tenant named {quote(name)}")
             c.execute(
                 update(tenants)
                 .where(tenants.c.name == name, tenants.c.revoked_at.is_(None))
@@ -478,4 +479,6 @@ def _check(engine: Engine, url: str) -> None:
     try:
         check_schema(engine, url)
     except SQLAlchemyError as error:
-        raise StorageError(f"database error: {getattr(error, 'orig', None) or error}") from error
+        raise StorageError(
+            clip(f"database error: {getattr(error, 'orig', None) or error}")
+        ) from error
