@@ -61,6 +61,11 @@ hook reads (:mod:`enginehook.hints.agentic`: the program as ``vllm_xargs.session
 parent, ``kv_retention_ttl_seconds`` as ``pin_ttl_s``); a malformed one is HTTP 400 naming
 the key.
 
+A request that ends its session (a ``last_turn`` or ``release`` hint, flat or in its
+envelope, or the Dynamo header below) is reported, once answered, to the routers named in
+``$CACHETTL_ROUTER_URLS`` (vllm-router's ``/finish_session``), so that a finished session
+stops counting as a router's load (:mod:`enginehook.hints.routers`).
+
 ``X-Dynamo-Session-Final: true`` (Dynamo's mark of a session's last request, sent so that
 per-session state can be released at once) becomes the flat ``release`` hint in
 ``vllm_xargs``: the session's pin goes when the request arrives (an envelope's ``release``
@@ -89,7 +94,8 @@ from typing import Any
 
 from controlplane.kvhints import XARGS_KEY, HintError, parse_kv_hints, quote, within_depth
 from enginehook.hints import agentic
-from enginehook.hints.flat import Hints, control_character
+from enginehook.hints.flat import Hints, control_character, request_hints
+from enginehook.hints.routers import RouterNotifier
 
 __all__ = [
     "AGENT_HEADERS",
@@ -104,6 +110,7 @@ __all__ = [
     "SessionIdMiddleware",
     "carry_kv_hints",
     "choose_session",
+    "ended_session",
     "parent_session",
     "read_headers",
     "session_final",
@@ -350,9 +357,12 @@ class SessionIdMiddleware:
     """ASGI middleware: session ids from agent stacks' headers and fields, KV-hint
     envelopes from bodies (see the module docstring)."""
 
-    def __init__(self, app: App, max_body_bytes: int = _MAX_BODY) -> None:
+    def __init__(
+        self, app: App, max_body_bytes: int = _MAX_BODY, routers: RouterNotifier | None = None
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.routers = routers if routers is not None else RouterNotifier()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         looks = self._looks_at(scope)
@@ -376,12 +386,16 @@ class SessionIdMiddleware:
             return
         if body is None or not (changed or header):
             await self.app(scope, _replay(messages, receive), send)
-            return
-        if changed or raw is None:
-            raw = json.dumps(body).encode()
-        scope = dict(scope)
-        scope["headers"] = _headers(scope["headers"], len(raw), header)
-        await self.app(scope, _replay([_body_message(raw)], receive), send)
+        else:
+            if changed or raw is None:
+                raw = json.dumps(body).encode()
+            scope = dict(scope)
+            scope["headers"] = _headers(scope["headers"], len(raw), header)
+            await self.app(scope, _replay([_body_message(raw)], receive), send)
+        if body is not None and self.routers.urls:
+            ended = ended_session(headers, body, scope["path"])
+            if ended is not None:
+                self.routers.finish(ended)
 
     def _looks_at(self, scope: Scope) -> bool | None:
         """``None``: not a request the middleware reads; ``False``: one whose body is over
@@ -443,6 +457,17 @@ def _rewrite(
     if parent is not None:
         changed = _set_xargs(body, "parent_session_id", parent) or changed
     return changed, header
+
+
+def ended_session(headers: Mapping[str, str], body: Mapping[str, Any], path: str) -> str | None:
+    """The session a checked, rewritten request ends (a ``last_turn`` or ``release`` hint,
+    flat or in its envelope), or ``None``: the one the routers are told of."""
+    xargs = body.get("vllm_xargs")
+    hints = request_hints(xargs if isinstance(xargs, Mapping) else None)
+    if not (hints.last_turn or hints.release):
+        return None
+    choice = choose_session(headers, body, path)
+    return None if choice is None else choice.session_id
 
 
 def _agentic(body: dict[str, Any]) -> bool:
