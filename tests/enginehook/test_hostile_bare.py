@@ -18,7 +18,7 @@ from tests.enginehook.hostile import CASES, Case, Engine, fuzz_body, running_eng
 pytestmark = pytest.mark.slow
 
 _FUZZ_S = 30.0
-#: Cases vLLM itself passes on to the engine (its own checks let them through).
+#: Cases whose hints reach the hook unless vLLM's own checks refuse them.
 _REACH_THE_HOOK = {c.name for c in CASES if c.name.startswith("xargs-")}
 
 
@@ -30,8 +30,8 @@ def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_a_hostile_field_leaves_the_engine_serving(engine: Engine, case: Case) -> None:
     status, text = engine.post(case.body(engine), list(case.headers))
-    if case.name in _REACH_THE_HOOK:
-        assert status == 200, text[:500]  # served, the unreadable hints ignored
+    if case.name in _REACH_THE_HOOK:  # served with the hints ignored, or vLLM's own 400
+        assert status in (200, 400), text[:500]
     assert status < 500 or case.name.startswith("body-"), text[:500]
     engine.serves()
 
