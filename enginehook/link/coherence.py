@@ -21,10 +21,13 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
 from controlplane.wire import timestamp_seconds
+
+if TYPE_CHECKING:
+    from enginehook.core.config import HookConfig
 
 __all__ = ["BATCH", "CoherenceClient", "CoherenceLink", "Moved"]
 
@@ -83,6 +86,15 @@ class CoherenceLink:
         ]
         for thread in self._threads:
             thread.start()
+
+    @classmethod
+    def from_config(
+        cls, config: HookConfig, engine_id: str, on_moved: Callable[[], None] | None = None
+    ) -> CoherenceLink:
+        """A link to the hook's ``control_plane`` with its token and TLS settings."""
+        from enginehook.link.remote import client_from_config
+
+        return cls(client_from_config(config), engine_id, on_moved=on_moved)
 
     # -- the scheduler's thread ------------------------------------------------------------
     def arrived(self, program_id: str, at: float) -> None:

@@ -39,7 +39,7 @@ from enginehook.link.snapshot import SnapshotData, models_from_snapshot
 from enginehook.link.spill import EventBuffer, claim_spill_dir, default_spill_dir
 
 if TYPE_CHECKING:
-    from controlplane.rpc.client import ClientTls
+    from controlplane.rpc.client import ClientTls, ControlPlaneClient
     from enginehook.core.config import HookConfig
     from enginehook.core.decide import TtlDecider
     from enginehook.link.base import SinkCounter
@@ -49,6 +49,8 @@ __all__ = [
     "EventBuffer",
     "PermanentError",
     "Transport",
+    "checked_client",
+    "client_from_config",
     "is_loopback",
     "to_program_end",
     "to_tool_call",
@@ -352,6 +354,38 @@ def _tls(config: HookConfig) -> ClientTls | None:
     return ClientTls(Path(config.tls_ca_file), cert, key)
 
 
+def checked_client(
+    target: str,
+    token: str,
+    timeout_s: float = 5.0,
+    tls: ClientTls | None = None,
+    allow_plaintext_token: bool = False,
+) -> ControlPlaneClient:
+    """A client of the control plane at ``target``, refused (``ValueError`` naming the
+    setting) when the token would travel in clear to another host or a TLS file is missing."""
+    from controlplane.rpc.client import ControlPlaneClient
+
+    if tls is None and token and not allow_plaintext_token and not is_loopback(target):
+        raise ValueError(
+            f"additional_config.cachettl.control_plane={target!r}: the token would travel "
+            "in clear to another host; set tls_ca_file (TLS) or allow_plaintext_token"
+        )
+    if tls is not None:
+        for name, path in (("tls_ca_file", tls.ca), ("tls_cert_file", tls.cert)):
+            if path is not None and not path.is_file():
+                raise ValueError(f"additional_config.cachettl.{name}: no file {str(path)!r}")
+        if tls.key is not None and not tls.key.is_file():
+            raise ValueError(f"additional_config.cachettl.tls_key_file: no file {tls.key}")
+    return ControlPlaneClient(target, token, timeout_s=timeout_s, tls=tls)
+
+
+def client_from_config(config: HookConfig, timeout_s: float = 5.0) -> ControlPlaneClient:
+    """:func:`checked_client` for the hook's ``control_plane``, token and TLS settings."""
+    return checked_client(
+        config.control_plane, config.token, timeout_s, _tls(config), config.allow_plaintext_token
+    )
+
+
 class GrpcTransport:
     """:class:`Transport` over ``controlplane.rpc.client.ControlPlaneClient``."""
 
@@ -364,20 +398,7 @@ class GrpcTransport:
         tls: ClientTls | None = None,
         allow_plaintext_token: bool = False,
     ) -> None:
-        from controlplane.rpc.client import ControlPlaneClient
-
-        if tls is None and token and not allow_plaintext_token and not is_loopback(target):
-            raise ValueError(
-                f"additional_config.cachettl.control_plane={target!r}: the token would travel "
-                "in clear to another host; set tls_ca_file (TLS) or allow_plaintext_token"
-            )
-        if tls is not None:
-            for name, path in (("tls_ca_file", tls.ca), ("tls_cert_file", tls.cert)):
-                if path is not None and not path.is_file():
-                    raise ValueError(f"additional_config.cachettl.{name}: no file {str(path)!r}")
-            if tls.key is not None and not tls.key.is_file():
-                raise ValueError(f"additional_config.cachettl.tls_key_file: no file {tls.key}")
-        self._client = ControlPlaneClient(target, token, timeout_s=timeout_s, tls=tls)
+        self._client = checked_client(target, token, timeout_s, tls, allow_plaintext_token)
 
     @staticmethod
     def _check(exc: Exception) -> None:
