@@ -98,7 +98,10 @@ class HookConfig:
     to any host but a loopback address unless ``allow_plaintext_token`` is on.
     ``spill_dir``: where undelivered events are spilled (default: a folder per engine
     under the user's cache directory, :func:`enginehook.link.remote.default_spill_dir`).
-    ``spill_max_bytes``: the spill's bound on disk. ``strict_vllm_version``: refuse a
+    ``spill_max_bytes``: the spill's bound on disk. ``coherence``: with a control plane,
+    report this engine's turn arrivals and drop at once the pin of a program whose next turn
+    arrived at another engine (:mod:`enginehook.link.coherence`; on by default).
+    ``strict_vllm_version``: refuse a
     vLLM version that was not tested even when its internals match (off: start with a
     warning). ``event_log``: a JSON Lines file that
     receives every tool-call and program-end event (empty: none). ``metrics_listen``:
@@ -127,6 +130,7 @@ class HookConfig:
     allow_plaintext_token: bool = False
     spill_dir: str = ""
     spill_max_bytes: int = 256 * 1024 * 1024
+    coherence: bool = True
     event_log: str = ""
     metrics_listen: str = ""
     idle_program_s: float = 3600.0
@@ -148,7 +152,7 @@ class HookConfig:
             raise ValueError(f"{_PREFIX}.min_samples must be an integer, got {self.min_samples!r}")
         if not isinstance(self.policy_params, Mapping):
             raise ValueError(f"{_PREFIX}.policy_params must be an object")
-        for name in ("allow_plaintext_token", "strict_vllm_version"):
+        for name in ("allow_plaintext_token", "strict_vllm_version", "coherence"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{_PREFIX}.{name} must be true or false")
         spill = self.spill_max_bytes
