@@ -61,6 +61,10 @@ hook reads (:mod:`enginehook.hints.agentic`: the program as ``vllm_xargs.session
 parent, ``kv_retention_ttl_seconds`` as ``pin_ttl_s``); a malformed one is HTTP 400 naming
 the key.
 
+Every answer to a request the middleware reads names the engine that gave it in the
+``X-CacheTTL-Engine`` header (``$CACHETTL_ENGINE_NAME``, else the server's ``host:port``), so
+that a client behind a router sees where each turn ran.
+
 A request that ends its session (a ``last_turn`` or ``release`` hint, flat or in its
 envelope, or the Dynamo header below) is reported, once answered, to the routers named in
 ``$CACHETTL_ROUTER_URLS`` (vllm-router's ``/finish_session``), so that a finished session
@@ -88,6 +92,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +104,7 @@ from enginehook.hints.routers import RouterNotifier
 
 __all__ = [
     "AGENT_HEADERS",
+    "ENGINE_HEADER",
     "FINAL_HEADER",
     "MAX_BODY_DEPTH",
     "MAX_SESSION_ID",
@@ -131,6 +137,10 @@ PATHS = {
     "/v1/responses": True,
     "/v1/messages": False,
 }
+#: The response header naming the engine that answered (``$CACHETTL_ENGINE_NAME``, else the
+#: server's ``host:port``): a client or router behind a load balancer sees where a turn ran.
+ENGINE_HEADER = b"x-cachettl-engine"
+ENGINE_ENV = "CACHETTL_ENGINE_NAME"
 #: The session-id sources in precedence order: ``(kind, name, vLLM's own)``.
 SOURCES = (
     ("body", "session_id", True),
@@ -363,6 +373,7 @@ class SessionIdMiddleware:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.routers = routers if routers is not None else RouterNotifier()
+        self.engine = os.environ.get(ENGINE_ENV, "").strip().encode("ascii", "replace")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         looks = self._looks_at(scope)
@@ -384,6 +395,7 @@ class SessionIdMiddleware:
         except MalformedRequestError as exc:
             await _bad_request(send, exc)
             return
+        send = _naming_engine(send, self.engine or _server(scope))
         if body is None or not (changed or header):
             await self.app(scope, _replay(messages, receive), send)
         else:
@@ -457,6 +469,25 @@ def _rewrite(
     if parent is not None:
         changed = _set_xargs(body, "parent_session_id", parent) or changed
     return changed, header
+
+
+def _server(scope: Scope) -> bytes:
+    host, port = scope.get("server") or ("", None)
+    return f"{host}:{port}".encode("ascii", "replace") if port is not None else b""
+
+
+def _naming_engine(send: Send, engine: bytes) -> Send:
+    """``send`` that adds :data:`ENGINE_HEADER` to the response's headers."""
+    if not engine:
+        return send
+
+    async def named(message: Message) -> None:
+        if message.get("type") == "http.response.start":
+            message = dict(message)
+            message["headers"] = [*message.get("headers", ()), (ENGINE_HEADER, engine)]
+        await send(message)
+
+    return named
 
 
 def ended_session(headers: Mapping[str, str], body: Mapping[str, Any], path: str) -> str | None:

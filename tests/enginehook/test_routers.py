@@ -114,3 +114,16 @@ def test_router_urls_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
         RouterNotifier()
     monkeypatch.delenv(ENV)
     assert RouterNotifier().urls == []
+
+
+def test_every_answer_names_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    with _app(RouterNotifier([])) as app:
+        r = app.post("/v1/chat/completions", json={"session_id": "s"})
+        assert r.headers["x-cachettl-engine"] == "testserver:80"  # the server's host:port
+    monkeypatch.setenv("CACHETTL_ENGINE_NAME", "gpu-node-3")
+    with _app(RouterNotifier([])) as app:
+        r = app.post("/v1/chat/completions", json={"session_id": "s"})
+        assert r.headers["x-cachettl-engine"] == "gpu-node-3"
+        bad = app.post("/v1/chat/completions", json={"vllm_xargs": {"pin_ttl_s": -1}})
+        assert bad.status_code == 400  # refused before any engine ran it: no engine named
+        assert "x-cachettl-engine" not in bad.headers
