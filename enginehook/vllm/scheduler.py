@@ -45,6 +45,7 @@ from enginehook.core.tracker import CacheSeen
 from enginehook.hints.flat import Hints
 from enginehook.vllm.blocks import take_pinned_blocks
 from enginehook.vllm.compat import check_engine, passthrough_reason
+from enginehook.vllm.idle import IdleExpiry, engine_input_queue
 from enginehook.vllm.requests import (
     ADDED_ATTR,
     ADMITTED_ATTR,
@@ -106,6 +107,8 @@ class CacheTTLMixin:
             block_size=self.block_size,
         )
         self.pins = self.controller.pins
+        inbox = engine_input_queue() if self.active else None
+        self.idle = IdleExpiry(inbox, lambda: len(self.pins), lambda: self.metrics.schedule_calls)
         self._text = ToolCallText(self.vllm_config.model_config)
         self._priority = self.vllm_config.scheduler_config.policy == "priority"
         self._next_housekeeping = 0.0
@@ -336,7 +339,16 @@ class CacheTTLMixin:
             self._fault("reset_prefix_cache", None, exc)
         return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc,no-any-return]
 
+    def has_requests(self) -> bool:
+        if self.idle.take():  # an idle engine woken to expire pins (enginehook.vllm.idle)
+            try:
+                self.controller.expire(self.clock())
+            except Exception as exc:
+                self._fault("has_requests", None, exc)
+        return super().has_requests()  # type: ignore[misc,no-any-return]
+
     def shutdown(self) -> None:
+        self.idle.stop()
         try:
             self.controller.release_all(ReleaseReason.SHUTDOWN)
             self.services.close()
