@@ -62,7 +62,16 @@ class Part:
 
 
 _VOCABULARY = ("records", "errors", "kvhints", "wire", "_resources", "_gen")
-_DOMAIN = ("service", "learning", "state", "sharing", "snapshots", "inspection", "validation")
+_DOMAIN = (
+    "service",
+    "learning",
+    "state",
+    "sharing",
+    "snapshots",
+    "inspection",
+    "validation",
+    "coherence",
+)
 _CONTROLPLANE = ("cp vocabulary", "cp storage", "cp domain", "cp rpc")
 _CORE = ("enginehook core", "enginehook face")
 

@@ -9,7 +9,7 @@ keep improving when no control plane is configured or it is down.
 >>> decider.decide(tool="bash", tool_args="ls", context_tokens=100, turns_served=1).ttl_s
 3.0
 >>> decider.decide(tool="bash", tool_args=None, context_tokens=100, turns_served=1,
-...                override_ttl_s=0.5).basis
+...                pin_ttl_s=0.5).basis
 'client'
 """
 
@@ -72,7 +72,7 @@ class TtlDecider:
         context_tokens: int,
         turns_served: int,
         program_id: str | None = None,
-        override_ttl_s: float | None = None,
+        pin_ttl_s: float | None = None,
         reload_cost_s: float | None = None,
         waiting_tokens: int | None = None,
         free_tokens: int | None = None,
@@ -86,8 +86,6 @@ class TtlDecider:
         (default: all of it). The cost model prices both
         (:meth:`estimator.CostModel.prefill_reload_s`).
         """
-        if override_ttl_s is not None:
-            return client_decision(override_ttl_s)
         facts = RequestFacts(
             tool=tool,
             tool_args=tool_args,
@@ -101,10 +99,14 @@ class TtlDecider:
             waiting_tokens=waiting_tokens,
             free_tokens=free_tokens,
         )
-        return self.decide_facts(facts)
+        return self.decide_facts(facts, pin_ttl_s)
 
-    def decide_facts(self, facts: RequestFacts) -> Decision:
-        """The policy's TTL for ``facts`` on the snapshot in use now."""
+    def decide_facts(self, facts: RequestFacts, pin_ttl_s: float | None = None) -> Decision:
+        """The TTL for ``facts``: the client's ``pin_ttl_s`` when it set one, else the
+        policy's on the snapshot in use now (the engine's one decide entry; the limits
+        that apply on top are :mod:`enginehook.core.ttl`'s)."""
+        if pin_ttl_s is not None:
+            return client_decision(pin_ttl_s)
         with self._lock:
             return self.policy.decide(facts, self._models)
 

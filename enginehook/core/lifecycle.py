@@ -35,13 +35,12 @@ from enginehook.core.tracker import (
     ToolCallEvent,
     ToolCallTracker,
 )
+from enginehook.core.ttl import clip_ttl, finite_cap
 from estimator import Decision, RequestFacts
 
 __all__ = ["Decider", "EngineHost", "Finish", "FinishedTurn", "PinController"]
 
 H = TypeVar("H")
-#: What a pin table that must stay finite uses for "no cap".
-_NO_CAP_S = 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +51,11 @@ class FinishedTurn:
     ``pin``: the client allows pinning this turn. ``offloaded_tokens``: how much of the
     context a CPU tier holds (``None``: all of it, when a tier is on). ``service_s``: model
     time the turn took (attained service); ``output_tokens``: tokens it generated (with
-    ``context_tokens``, its weighted-token service: prompt + 2 × output). ``ttl_s``: the
-    TTL the client set for this turn (the decider should honour it). ``ttl_ceiling_s``:
+    ``context_tokens``, its weighted-token service: prompt + 2 × output). ``pin_ttl_s``:
+    the TTL the client set for this turn (the decider should honour it). ``pin_ttl_max_s``:
     the most the client lets this turn be pinned (caps the decided TTL; the rules'
-    ``ttl_cap_s`` still applies on top). ``true_duration_s``: the tool's real duration,
-    known only to a simulator (the oracle policy uses it).
+    ``ttl_cap_s`` still applies on top; :mod:`enginehook.core.ttl`). ``true_duration_s``:
+    the tool's real duration, known only to a simulator (the oracle policy uses it).
     """
 
     program_id: str
@@ -69,9 +68,9 @@ class FinishedTurn:
     offloaded_tokens: int | None = None
     service_s: float = 0.0
     output_tokens: int = 0
-    ttl_s: float | None = None
+    pin_ttl_s: float | None = None
     true_duration_s: float | None = None
-    ttl_ceiling_s: float | None = None
+    pin_ttl_max_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +154,8 @@ class PinController(Generic[H]):
         self.host = host
         self.decider = decider
         self.engine_id = engine_id
-        cap = rules.ttl_cap_s if math.isfinite(rules.ttl_cap_s) else _NO_CAP_S
         budget = int(rules.budget_share * pool_blocks)
+        cap = finite_cap(rules.ttl_cap_s)
         self.pins: PinTable[H] = PinTable(budget, ttl_cap_s=cap, on_release=self._released)
         self.arrivals = ProgramArrivals()
         self._trackers: dict[str, ToolCallTracker] = {}
@@ -326,8 +325,9 @@ class PinController(Generic[H]):
             )
             return Finish()
         decision = self.decider.decide(self._facts(turn, tracker), turn)
-        if turn.ttl_ceiling_s is not None and decision.ttl_s > turn.ttl_ceiling_s:
-            decision = replace(decision, ttl_s=turn.ttl_ceiling_s)
+        ttl_s = clip_ttl(decision.ttl_s, ceiling_s=turn.pin_ttl_max_s, cap_s=math.inf)
+        if ttl_s != decision.ttl_s:  # the pin table applies the rules' cap
+            decision = replace(decision, ttl_s=ttl_s)
         if decision.ttl_s <= 0:
             tracker.finished(
                 program, now, tool=turn.tool, tool_args=turn.tool_args, basis=decision.basis

@@ -40,6 +40,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from enginehook.core.pressure import choose_victims
+from enginehook.core.ttl import clip_ttl
 from estimator import DEFAULT_TTL_CAP_S
 
 __all__ = ["Pin", "PinResult", "PinTable", "ReleaseReason"]
@@ -197,7 +198,7 @@ class PinTable(Generic[H]):
         old = self.release(program_id, ReleaseReason.REPLACED)
         if old is not None:
             released.append((old, ReleaseReason.REPLACED))
-        ttl = min(float(ttl_s), self.ttl_cap_s)
+        ttl = clip_ttl(float(ttl_s), ceiling_s=None, cap_s=self.ttl_cap_s)
         if ttl <= 0 or blocks == 0:
             return PinResult(False, ttl, released, "zero ttl or no blocks")
         candidate: Pin[H] = Pin(

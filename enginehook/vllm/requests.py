@@ -172,6 +172,6 @@ def finished_turn(
         ),
         service_s=now - getattr(request, ADMITTED_ATTR, now),
         output_tokens=request.num_output_tokens,
-        ttl_s=hints.pin_ttl_s,
-        ttl_ceiling_s=hints.pin_ttl_max_s,
+        pin_ttl_s=hints.pin_ttl_s,
+        pin_ttl_max_s=hints.pin_ttl_max_s,
     )

@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from enginehook.core.config import HookConfig, detect_cpu_tier
-from enginehook.core.decide import TtlDecider, client_decision
+from enginehook.core.decide import TtlDecider
 from enginehook.core.lifecycle import FinishedTurn
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
 from enginehook.link.sinks import EventSink, build_sink
@@ -51,10 +51,7 @@ class HookServices:
             logger.info("CacheTTL metrics on port %d", port)
 
     def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
-        if turn.ttl_s is not None:
-            decision = client_decision(turn.ttl_s)
-        else:
-            decision = self.decider.decide_facts(facts)
+        decision = self.decider.decide_facts(facts, turn.pin_ttl_s)
         self.metrics.decision(decision.basis)
         return decision
 

@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 
 from enginehook.core.lifecycle import FinishedTurn
 from enginehook.core.rules import SchedulingRules
+from enginehook.core.ttl import finite_cap
 from estimator import (
     DEFAULT_TTL_SLACK,
     Decision,
@@ -256,7 +257,7 @@ class Cachettl(PinningPolicy):
     def ttl_policy(self) -> TtlPolicy:
         return get_policy(
             "cachettl",
-            ttl_cap_s=min(self.rules.ttl_cap_s, 1e9),  # the estimator takes finite caps only
+            ttl_cap_s=finite_cap(self.rules.ttl_cap_s),  # the estimator takes finite caps only
             load_aware=self.load_aware,
             load_floor=self.load_floor,
             per_program=self.per_program,

@@ -35,7 +35,7 @@ def test_snapshot_replacement_and_client_override():
     decider.replace_models(other, version="v7")
     assert decider.models is other
     assert decider.snapshot_version == "v7"
-    d = decider.decide(tool="x", tool_args=None, context_tokens=1, turns_served=0, override_ttl_s=4)
+    d = decider.decide(tool="x", tool_args=None, context_tokens=1, turns_served=0, pin_ttl_s=4)
     assert (d.ttl_s, d.basis) == (4, "client")
 
 

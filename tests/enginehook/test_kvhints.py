@@ -150,7 +150,9 @@ class _Fixed:
         self.ttl = ttl
 
     def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
-        return Decision(turn.ttl_s if turn.ttl_s is not None else self.ttl, 0.9, 1.0, "fixed")
+        return Decision(
+            turn.pin_ttl_s if turn.pin_ttl_s is not None else self.ttl, 0.9, 1.0, "fixed"
+        )
 
 
 def _controller(ttl: float, cap: float = 300.0) -> tuple[PinController[str], MinimalHost]:
@@ -169,11 +171,11 @@ def _finish(controller: PinController[str], turn: FinishedTurn, now: float = 1.0
 def test_a_ceiling_caps_the_decided_ttl_and_the_engine_cap_still_applies() -> None:
     controller, _ = _controller(ttl=3600.0, cap=1800.0)
     assert _finish(controller, FinishedTurn("free", "bash")) == 1800.0  # the engine's cap
-    assert _finish(controller, FinishedTurn("5min", "bash", ttl_ceiling_s=300.0)) == 300.0
-    assert _finish(controller, FinishedTurn("1h", "bash", ttl_ceiling_s=3600.0)) == 1800.0
-    client = FinishedTurn("own", "bash", ttl_s=900.0, ttl_ceiling_s=60.0)
-    assert _finish(controller, client) == 60.0  # over the client's own ttl_s too
-    assert _finish(controller, FinishedTurn("zero", "bash", ttl_ceiling_s=0.0)) == 0.0
+    assert _finish(controller, FinishedTurn("5min", "bash", pin_ttl_max_s=300.0)) == 300.0
+    assert _finish(controller, FinishedTurn("1h", "bash", pin_ttl_max_s=3600.0)) == 1800.0
+    client = FinishedTurn("own", "bash", pin_ttl_s=900.0, pin_ttl_max_s=60.0)
+    assert _finish(controller, client) == 60.0  # over the client's own pin_ttl_s too
+    assert _finish(controller, FinishedTurn("zero", "bash", pin_ttl_max_s=0.0)) == 0.0
     assert "zero" not in controller.pins
 
 
