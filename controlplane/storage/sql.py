@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DataError, SQLAlchemyError
+from sqlalchemy.exc import DataError, DisconnectionError, SQLAlchemyError
 
 from controlplane.errors import (
     InvalidInputError,
@@ -48,6 +48,8 @@ __all__ = ["SqlStore", "make_engine", "transaction"]
 
 #: How long a writer waits for SQLite's write lock before failing.
 BUSY_TIMEOUT_S = 10.0
+#: A pooled PostgreSQL connection idle this long is checked before use.
+PING_IDLE_S = 1.0
 #: Key of the PostgreSQL advisory lock that orders log writers.
 _LOG_LOCK = 0x0CAC4E77
 
@@ -65,13 +67,11 @@ def make_engine(url: str) -> Engine:
     url = normalize_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(
-            url,
-            pool_pre_ping=True,
-            pool_size=8,
-            max_overflow=8,
-            connect_args={"prepare_threshold": None},
+        pg = create_engine(
+            url, pool_size=8, max_overflow=8, connect_args={"prepare_threshold": None}
         )
+        _ping_when_idle(pg)
+        return pg
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
@@ -96,6 +96,28 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def _ping_when_idle(engine: Engine) -> None:
+    """Check a pooled connection on checkout only if it sat idle ``PING_IDLE_S`` or more
+    (one ``SELECT 1``; a dead one is replaced, as with ``pool_pre_ping``), so that a busy
+    writer pays no extra round trip per batch. A connection that dies while in use fails
+    its call (UNAVAILABLE, nothing committed) and is dropped with the rest of the pool."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info["cachettl_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("cachettl_idle_since")
+        if idle_since is None or time.monotonic() - idle_since < PING_IDLE_S:
+            return
+        try:
+            dbapi_connection.execute("SELECT 1")
+            dbapi_connection.rollback()
+        except Exception as error:  # the pool retries with a new connection
+            raise DisconnectionError(str(error)) from error
+
+
 @contextmanager
 def transaction(engine: Engine, write: bool = False) -> Iterator[Connection]:
     """One transaction: commits on success, rolls back on error, always closes.
@@ -105,14 +127,29 @@ def transaction(engine: Engine, write: bool = False) -> Iterator[Connection]:
     comes out as ``InvalidInputError``. The body's own exceptions pass through. On
     PostgreSQL a write transaction first takes the log's advisory lock.
     """
+    with _translated(), engine.connect() as connection:
+        if write:
+            connection.execution_options(cachettl_write=True)
+        with connection.begin():
+            if write and engine.dialect.name == "postgresql":
+                connection.execute(select(func.pg_advisory_xact_lock(_LOG_LOCK)))
+            yield connection
+
+
+@contextmanager
+def _statement(engine: Engine) -> Iterator[Connection]:
+    """A connection whose every statement is a transaction of its own (PostgreSQL's
+    autocommit; committed, durably, when the statement returns), errors translated as
+    by ``transaction``."""
+    with _translated(), engine.connect() as connection:
+        yield connection.execution_options(isolation_level="AUTOCOMMIT")
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Driver errors as ``transaction`` documents them."""
     try:
-        with engine.connect() as connection:
-            if write:
-                connection.execution_options(cachettl_write=True)
-            with connection.begin():
-                if write and engine.dialect.name == "postgresql":
-                    connection.execute(select(func.pg_advisory_xact_lock(_LOG_LOCK)))
-                yield connection
+        yield
     except (DataError, OverflowError) as error:  # OverflowError: sqlite3 and huge ints
         original = getattr(error, "orig", None) or error
         message = clip(f"holds a value the database cannot store: {original}")
@@ -169,11 +206,17 @@ _ARRAY_COLUMNS = {
     "hit_tokens": "BIGINT",
     "reusable_tokens": "BIGINT",
 }
+#: A batch in one statement and one round trip, run as its own transaction (autocommit):
+#: every row it inserts is joined with the log's advisory lock, so the lock is held before
+#: the first row takes its position and until the statement commits; stored ids are
+#: skipped by the unique constraint; positions come back in the calls' order.
 _PG_INSERT = (
+    f"WITH log_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock({_LOG_LOCK})) "
     f"INSERT INTO tool_events (tenant_id, shared, received_at, {', '.join(_ARRAY_COLUMNS)}) "
-    "SELECT %(tenant)s, %(shared)s, %(now)s, * FROM unnest("
+    "SELECT %(tenant)s, %(shared)s, %(now)s, u.* FROM unnest("
     + ", ".join(f"CAST(%({k})s AS {t}[])" for k, t in _ARRAY_COLUMNS.items())
-    + ") ON CONFLICT (tenant_id, event_id) DO NOTHING RETURNING event_id, seq"
+    + ") AS u CROSS JOIN log_lock ON CONFLICT (tenant_id, event_id) DO NOTHING "
+    "RETURNING event_id, seq"
 )
 
 
@@ -300,10 +343,11 @@ class SqlStore(Store):
             return AppendResult((), 0)
         now = time.time()
         unique = _first_occurrences(calls)
-        with transaction(self.engine, write=True) as c:
-            if self.engine.dialect.name == "sqlite":
+        if self.engine.dialect.name == "sqlite":
+            with transaction(self.engine, write=True) as c:
                 seqs = self._append_sqlite(c, tenant, unique, now)
-            else:
+        else:
+            with _statement(self.engine) as c:
                 seqs = self._append_postgres(c, tenant, unique, now)
         return AppendResult(tuple(seqs), len(calls) - len(seqs))
 
@@ -326,8 +370,7 @@ class SqlStore(Store):
     def _append_postgres(
         c: Connection, tenant: Tenant, calls: list[ToolCall], now: float
     ) -> list[int]:
-        # One statement: the batch as column arrays; stored ids are skipped by the unique
-        # constraint. Positions are returned in the calls' order.
+        # One statement, one round trip (_PG_INSERT): the batch as column arrays.
         params: dict[str, Any] = {"tenant": tenant.id, "shared": tenant.share, "now": now}
         rows = [_call_row(tenant, call, now) for call in calls]
         for name in _ARRAY_COLUMNS:
