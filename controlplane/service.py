@@ -27,7 +27,7 @@ from controlplane.records import (
     ToolCall,
 )
 from controlplane.sharing import SharingRules
-from controlplane.snapshots import SnapshotPayloads, in_slices
+from controlplane.snapshots import SnapshotPayloads, dumps_off_process, in_slices
 from controlplane.state import ModelState
 from controlplane.storage import Store, hash_token, new_token
 from estimator import Decision, RequestFacts, get_policy
@@ -155,7 +155,7 @@ class ControlPlane:
         state = self.state
         if state.version == self._snapshot_version:
             return False
-        payload, tool_seq, end_seq = state.dumps(self._lock)
+        payload, tool_seq, end_seq = dumps_off_process(state, self._lock)
         record = SnapshotRecord(self.policy_name, tool_seq, end_seq, self.clock(), payload)
         self.store.save_snapshot(record)
         self._snapshot_version = tool_seq + end_seq

@@ -18,11 +18,20 @@ twenty characters and at most 13.8 MB with every name at its 128-character limit
 ``ControlPlaneClient`` channel and the server's send limit. A reply that would still
 pass it (thousands of published shared tools) is refused with ``OverloadedError``
 naming the sizes (the stream ends RESOURCE_EXHAUSTED), never cut short.
+
+A written snapshot (``dumps_off_process``) is pickled by a forked child process from its
+copy-on-write image of the state, so the serving process's interpreter lock is held only
+for the ``fork`` itself: decisions are not slowed by pickling thousands of models.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import select
+import signal
 import threading
+import time
 
 import numpy as np
 
@@ -38,9 +47,12 @@ __all__ = [
     "MIN_POINTS_PER_MODEL",
     "SNAPSHOT_POINTS",
     "SnapshotPayloads",
+    "dumps_off_process",
     "in_slices",
     "points_per_model",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The largest ``WatchSnapshotsResponse``: the server's send limit and the receive limit
 #: of every ``ControlPlaneClient`` channel (gRPC's default receive limit is 4 MiB).
@@ -49,6 +61,10 @@ MAX_SNAPSHOT_BYTES = 32 * 1024 * 1024
 SNAPSHOT_POINTS = 262_144
 #: The fewest points a model with that many samples is sent with, however many models.
 MIN_POINTS_PER_MODEL = 16
+
+#: How long a forked child may take to pickle the state before it is killed and the
+#: state is pickled in this process instead.
+CHILD_TIMEOUT_S = 120.0
 
 # (model, its n_seen, its points, serialized ToolModel field)
 _Entry = tuple[DurationModel, int, int, bytes]
@@ -138,3 +154,57 @@ class SnapshotPayloads:
     def forget(self, tenant: str) -> None:
         """Drop a tenant's cache (its last stream ended)."""
         self._entries.pop(tenant, None)
+
+
+def dumps_off_process(
+    state: ModelState, lock: threading.RLock, timeout_s: float = CHILD_TIMEOUT_S
+) -> tuple[bytes, int, int]:
+    """``state.dumps(lock)``, pickled by a forked child: ``(payload, tool_seq, end_seq)``.
+
+    The child is forked under ``lock`` (so its image holds whole batches) and writes
+    the pickle to a pipe; this process only reads it (``os.read`` releases the GIL).
+    The child touches nothing but the state and the pipe and leaves with ``os._exit``
+    (no finalizers, no sockets closed). Where ``fork`` is missing, or the child fails or
+    passes ``timeout_s``, the state is pickled here, a slice at a time, as before.
+    """
+    if not hasattr(os, "fork"):
+        return state.dumps(lock)
+    read_fd, write_fd = os.pipe()
+    with lock:
+        seqs = state.tool_seq, state.end_seq
+        pid = os.fork()
+    if pid == 0:  # the child: pickle, write, leave
+        status = 1
+        try:
+            os.close(read_fd)
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(state.dumps()[0])
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    payload = _read_child(read_fd, pid, timeout_s)
+    if payload is None:
+        log.warning("snapshot child failed or timed out; pickling in this process")
+        return state.dumps(lock)
+    return payload, *seqs
+
+
+def _read_child(fd: int, pid: int, timeout_s: float) -> bytes | None:
+    """Everything the child writes to ``fd``; None if it fails or passes ``timeout_s``."""
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                break
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+        _, status = os.waitpid(pid, 0)
+    return b"".join(chunks) if status == 0 else None

@@ -117,6 +117,12 @@ def _policy_params(args: argparse.Namespace) -> dict[str, Any]:
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
+    import os
+
+    # Before gRPC loads: its core's fork handlers stay off and it logs errors only, so
+    # the child that pickles each written snapshot (controlplane.snapshots) adds no line.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
     from controlplane.learning import NameLimits
     from controlplane.records import Limits

@@ -11,13 +11,21 @@ from typing import Any
 
 import pytest
 
+from controlplane import inspection
 from controlplane.errors import OverloadedError
 from controlplane.learning import NameLimitExceededError, NameLimits
 from controlplane.records import Tenant, ToolCall
 from controlplane.rpc.client import ControlPlaneClient
 from controlplane.service import ControlPlane
-from controlplane.snapshots import MAX_SNAPSHOT_BYTES, SnapshotPayloads, points_per_model
+from controlplane.snapshots import (
+    MAX_SNAPSHOT_BYTES,
+    SnapshotPayloads,
+    dumps_off_process,
+    points_per_model,
+)
+from controlplane.state import ModelState
 from controlplane.storage import create_store
+from estimator import Level
 
 TOOLS, SIGNATURES = 1000, 10_000  # the default name caps
 PER_TOOL = SIGNATURES // TOOLS
@@ -75,3 +83,24 @@ def test_a_snapshot_past_the_limit_is_refused_naming_it() -> None:
     version, payload = SnapshotPayloads().build(plane.state, threading.RLock(), "acme", False)
     assert version == 50
     assert len(payload) < 2000
+
+
+def test_a_written_snapshot_pickled_by_a_child_restores_the_same_models() -> None:
+    plane = ControlPlane(create_store("memory://"), min_samples=1)
+    tenant, _ = plane.create_tenant("acme")
+    calls = [ToolCall(f"e{i}", "p", f"t{i % 7}", f"run {i % 3}", 0.1 * i) for i in range(1, 300)]
+    plane.record_tool_calls(tenant, calls)
+    lock = threading.RLock()
+    expected = plane.state.dumps(lock)
+    for timeout_s in (60.0, 0.0):  # 0: the child is killed and the state pickled here
+        payload, tool_seq, end_seq = dumps_off_process(plane.state, lock, timeout_s)
+        assert (tool_seq, end_seq) == expected[1:]
+        restored = ModelState.loads(payload)
+        assert restored.tenant_version("acme", False) == 299
+        for tool in plane.state.tools_of("acme"):
+            key = (Level.TOOL, tool, "")
+            mine = inspection.stored_model(plane.state, "acme", key)
+            theirs = inspection.stored_model(restored, "acme", key)
+            assert mine is not None
+            assert theirs is not None
+            assert theirs.sorted_samples().tolist() == mine.sorted_samples().tolist()
