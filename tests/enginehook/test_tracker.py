@@ -81,6 +81,7 @@ def test_every_release_reason_has_one_outcome():
         ReleaseReason.REPLACED: PinOutcome.UNSPECIFIED,
         ReleaseReason.SHUTDOWN: PinOutcome.UNSPECIFIED,
         ReleaseReason.CLOSED: PinOutcome.UNSPECIFIED,  # the session ends: no return follows
+        ReleaseReason.MOVED: PinOutcome.UNSPECIFIED,  # it returned to another engine
     }
 
 
