@@ -236,6 +236,12 @@ def classify(outcome: PinOutcome, pin_held: bool, cache: TurnCache) -> MissReaso
     return _REASON_OF.get(outcome, MissReason.EVICTED)
 
 
+#: The miss reasons that carry how late the program came back after its pin expired (the
+#: control plane's rule, ``controlplane.validation``).
+_EXPIRED_BY = frozenset({MissReason.EXPIRED, MissReason.PREFIX_CACHE})
+#: The miss reasons that carry why no pin was taken.
+_WITH_CAUSE = frozenset({MissReason.NOT_PINNED, MissReason.PREFIX_CACHE})
+
 _REASON_OF = {
     PinOutcome.NOT_PINNED: MissReason.NOT_PINNED,
     PinOutcome.EXPIRED: MissReason.EXPIRED,
@@ -387,6 +393,10 @@ class ToolCallTracker:
             reusable,
         )
         cache = replace(cache, reason=classify(outcome, pin_held, cache))
+        if cache.reason not in _EXPIRED_BY:  # the pin's lateness explains no other miss
+            cache = replace(cache, expired_by_s=None)
+        if cache.reason not in _WITH_CAUSE:  # nor does why no pin was taken
+            cache = replace(cache, not_pinned_cause=NotPinnedCause.UNSPECIFIED)
         if pending.tool is None:
             return ReturningTurn(program_id, cache)
         event = ToolCallEvent(
