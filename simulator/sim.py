@@ -200,7 +200,8 @@ class Simulation:
         request.extra["tracked"] = True
         size = self.config.block_size
         given = min(self.pinned_blocks_of(request.program_id), (request.prompt_tokens - 1) // size)
-        pin = self.controller.admitted(request.program_id, now, self._seen(request, given * size))
+        seen = self._seen(request, given * size)
+        pin = self.controller.admitted(request.program_id, now, seen).pin
         if pin is None or pin.handle is None:
             return 0
         self.engine.pool.release(request.program_id, pin.blocks - given, 0)
@@ -237,7 +238,7 @@ class Simulation:
             state.first_wait = now - request.arrival
         if not request.extra.get("tracked"):
             seen = self._seen(request, request.hit_tokens)
-            pin = self.controller.admitted(request.program_id, now, seen)
+            pin = self.controller.admitted(request.program_id, now, seen).pin
             if pin is not None and pin.handle is not None:  # a pin of a sub-block prefix
                 self.engine.pool.release(pin.program_id, pin.blocks, pin.handle)
 

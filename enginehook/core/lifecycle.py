@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from enginehook.core.admission import ProgramAdmission
 from enginehook.core.pins import Pin, PinTable, ReleaseReason
@@ -38,7 +38,7 @@ from enginehook.core.tracker import (
 from enginehook.core.ttl import clip_ttl, finite_cap
 from estimator import Decision, RequestFacts
 
-__all__ = ["Decider", "EngineHost", "Finish", "FinishedTurn", "PinController"]
+__all__ = ["Admitted", "Decider", "EngineHost", "Finish", "FinishedTurn", "PinController"]
 
 H = TypeVar("H")
 
@@ -71,6 +71,14 @@ class FinishedTurn:
     pin_ttl_s: float | None = None
     true_duration_s: float | None = None
     pin_ttl_max_s: float | None = None
+
+
+class Admitted(NamedTuple, Generic[H]):
+    """What :meth:`PinController.admitted` found: the pin handed over and the returning
+    turn (either may be ``None``)."""
+
+    pin: Pin[H] | None
+    turn: ReturningTurn | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,24 +292,18 @@ class PinController(Generic[H]):
         if self.admission is not None:
             self.admission.arrived(program_id, prompt_tokens, now)
 
-    def admitted(self, program_id: str, now: float, seen: CacheSeen | None = None) -> Pin[H] | None:
+    def admitted(self, program_id: str, now: float, seen: CacheSeen | None = None) -> Admitted[H]:
         """A request of the program was admitted: a live pin hands its blocks over
-        (returned, already ended as ``HIT``) and the tool call it returned from is complete.
-        ``seen``: what the host saw of the request's cache (hit tokens, block hashes or
-        the reusable prefix), for the turn's miss reason."""
-        return self.admit(program_id, now, seen)[0]
-
-    def admit(
-        self, program_id: str, now: float, seen: CacheSeen | None = None
-    ) -> tuple[Pin[H] | None, ReturningTurn | None]:
-        """:meth:`admitted`, also returning what the returning turn found of its previous
-        turn's cache (``None``: the request returns from no finished turn)."""
+        (``pin``, already ended as ``HIT``) and the tool call it returned from is complete
+        (``turn``: what it found of its previous turn's cache; ``None``: it returns from no
+        finished turn). ``seen``: what the host saw of the request's cache (hit tokens,
+        block hashes or the reusable prefix), for the turn's miss reason."""
         pin = self.pins.admitted(program_id)
         tracker = self._tracker_of(program_id)
         turn = tracker.returned(program_id, now, pin_held=pin is not None, seen=seen)
         if turn is not None and turn.event is not None:
             self.host.emit(turn.event)
-        return pin, turn
+        return Admitted(pin, turn)
 
     def finished(
         self, turn: FinishedTurn, now: float, take: Callable[[], tuple[int, H]]

@@ -235,7 +235,7 @@ class CacheTTLMixin:
                 request.block_hashes,
                 self.hash_block_size,
             )
-            pin, turn = self.controller.admit(request.session_id, now, seen)
+            pin, turn = self.controller.admitted(request.session_id, now, seen)
             if pin is not None:
                 self.metrics.hit(new.num_computed_tokens)
             if turn is not None:

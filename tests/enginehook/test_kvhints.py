@@ -188,7 +188,7 @@ def test_a_release_frees_the_pin_at_once_and_its_turn_ends_the_program() -> None
     assert pin.handle == "h"
     assert host.freed == [("p", "closed")]
     assert "p" not in controller.pins
-    assert controller.admitted("p", 2.1) is None
+    assert controller.admitted("p", 2.1).pin is None
     (event,) = host.events
     assert isinstance(event, ToolCallEvent)
     assert event.outcome is PinOutcome.UNSPECIFIED  # like a program end: no outcome

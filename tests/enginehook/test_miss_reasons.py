@@ -62,7 +62,7 @@ def _return(
     c.arrived("p", at, at)
     prompt = 200
     seen = CacheSeen(hit, prompt, hashes if hashes is not None else _hashes(12), BS)
-    pin, turn = c.admit("p", at + 0.1, seen)
+    pin, turn = c.admitted("p", at + 0.1, seen)
     assert turn is not None
     assert (pin is not None) == (turn.event is not None and turn.event.outcome is PinOutcome.HIT)
     return turn.cache
@@ -181,7 +181,7 @@ def test_the_reusable_prefix_stops_before_the_prompts_last_token() -> None:
     c, _ = _controller()
     _first_turn(c, FinishedTurn("p", "bash", "ls", 160))
     c.arrived("p", 2.0, 2.0)
-    _, turn = c.admit("p", 2.1, CacheSeen(144, 160, _hashes(10), BS))
+    _, turn = c.admitted("p", 2.1, CacheSeen(144, 160, _hashes(10), BS))
     assert turn is not None
     assert (turn.cache.reason, turn.cache.reusable_tokens) == (MissReason.HIT, 144)
 
@@ -191,7 +191,7 @@ def test_host_known_reusable_prefix_without_hashes() -> None:
     c, _ = _controller(ttl=0.0)
     _first_turn(c, FinishedTurn("p", "bash", "ls", 160))
     c.arrived("p", 2.0, 2.0)
-    _, turn = c.admit("p", 2.1, CacheSeen(0, 200, reusable_tokens=160))
+    _, turn = c.admitted("p", 2.1, CacheSeen(0, 200, reusable_tokens=160))
     assert turn is not None
     assert turn.cache == TurnCache(
         MissReason.NOT_PINNED, NotPinnedCause.TTL_ZERO, hit_tokens=0, reusable_tokens=160

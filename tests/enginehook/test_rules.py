@@ -169,12 +169,12 @@ def test_a_sub_agent_is_scheduled_as_part_of_its_parent() -> None:
 def test_the_lifecycle_of_one_program() -> None:
     controller, host = _controller(SchedulingRules())
     controller.arrived("p", 0.0, 0.0)
-    assert controller.admitted("p", 0.1) is None  # first turn: nothing pinned, nothing pending
+    assert controller.admitted("p", 0.1).pin is None  # first turn: nothing pinned, nothing pending
     finish = controller.finished(FinishedTurn("p", "bash", "ls", 320), 1.0, lambda: (20, "h"))
     assert (finish.took, finish.pinned, finish.handle) == (True, True, "h")
     assert controller.pinned("p")
     controller.arrived("p", 1.5, 1.5)
-    pin = controller.admitted("p", 1.7)
+    pin = controller.admitted("p", 1.7).pin
     assert pin is not None
     assert pin.handle == "h"
     assert host.freed == [("p", "hit")]
