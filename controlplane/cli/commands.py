@@ -96,6 +96,11 @@ def _register_serve(commands: _SubParsers) -> None:
         help="hardware/model profile of the cost model (estimator.PROFILES)",
     )
     p.add_argument("--max-concurrent-rpcs", type=int, default=256)
+    # Before gRPC loads (the import below): its core's fork handlers stay off and it logs
+    # errors only, so the child that pickles each written snapshot (controlplane.snapshots)
+    # neither pauses gRPC's threads nor adds a line to the server's log.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     from controlplane.rpc.server import add_admission_flags
 
     add_admission_flags(p)  # per tenant, per peer, streams, auth cache (README "Limits")
@@ -117,12 +122,6 @@ def _policy_params(args: argparse.Namespace) -> dict[str, Any]:
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
-    import os
-
-    # Before gRPC loads: its core's fork handlers stay off and it logs errors only, so
-    # the child that pickles each written snapshot (controlplane.snapshots) adds no line.
-    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
     from controlplane.learning import NameLimits
     from controlplane.records import Limits
