@@ -6,19 +6,29 @@ cluster's metrics need (queued tokens, returning turns' hits, pins that end)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from enginehook.core.pins import Pin, ReleaseReason
 from estimator import HardwareProfile
 from simulator.engine import EngineConfig, Request
 from simulator.loop import Event, EventLoop
 from simulator.policies import get_scheduling_policy
-from simulator.sim import ProgramState, Simulation
-
-if TYPE_CHECKING:
-    from simulator.cluster.cluster import Cluster
+from simulator.sim import ProgramResult, ProgramState, Simulation
 
 __all__ = ["ClusterEngine"]
+
+
+class Cluster(Protocol):
+    """What an engine tells the cluster around it."""
+
+    def program_done(self, result: ProgramResult) -> None: ...
+    def next_call(self) -> float: ...
+    def schedule_return(self, state: ProgramState, at: float) -> None: ...
+    def returning_hit(self, hit: int, reusable: int) -> None: ...
+    def turn_finished(
+        self, engine: ClusterEngine, program_id: str, context: int, now: float
+    ) -> None: ...
+    def pin_ended(self, engine: ClusterEngine, pin: Pin[int], reason: ReleaseReason) -> None: ...
 
 
 class ClusterEngine(Simulation):

@@ -21,6 +21,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from simulator.cluster import ROUTERS, TopologyChange, simulate_cluster
@@ -52,6 +53,9 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--retentions", default=RETENTIONS, help="retention policies compared")
     p.add_argument("--ours", default=OURS, help="the pair compared, ROUTER+RETENTION")
     p.add_argument("--out", default="results/cluster", help="writes OUT.md/.json/.png")
+    p.add_argument(
+        "--report", metavar="JSON", help="re-render OUT.md/.png from a JSON written before"
+    )
     p.add_argument(
         "--scale", action="store_true", help="time one large run instead (see --scale-*)"
     )
@@ -171,8 +175,13 @@ def _markdown(summary: dict[str, Any]) -> list[str]:
         "",
         f"Command: `{summary['command']}`",
         "",
-        f"Base load (round_robin + vllm at mean slowdown 3): {summary['base_rate']:.4f} programs/s.",
+        "Base load (round_robin + vllm at mean slowdown 3): "
+        f"{summary['base_rate']:.4f} programs/s.",
     ]
+    lines += ["", "## Summary", "", _done_header()]
+    lines.append("|---|---|---|---|---|")
+    for load, block in summary["loads"].items():
+        lines.append(_done_row(summary, load, block))
     for load, block in summary["loads"].items():
         lines += ["", f"## {load}x load: means over seeds", ""]
         lines.append("| pair | " + " | ".join(REPORTED) + " |")
@@ -189,6 +198,30 @@ def _markdown(summary: dict[str, Any]) -> list[str]:
                 f"{v['verdict']} |"
             )
     return lines
+
+
+def _done_header() -> str:
+    return (
+        "| load | verdicts of the compared pair (better / no difference / worse) | "
+        "its orphaned pin token-s / consistent_hash+cachettl's | its remapped pins | "
+        "rivals it is worse than |"
+    )
+
+
+def _done_row(summary: dict[str, Any], load: str, block: dict[str, Any]) -> str:
+    verdicts = block["verdicts"]
+    counts = [
+        sum(v["verdict"] == k for v in verdicts) for k in ("better", "no difference", "worse")
+    ]
+    worse = sorted({f"{v['rival']} ({v['metric']})" for v in verdicts if v["verdict"] == "worse"})
+    means = block["means"]
+    ours = means[summary["ours"]]
+    hashed = means.get("consistent_hash+cachettl", {}).get("orphaned_pin_token_s", math.nan)
+    ratio = ours["orphaned_pin_token_s"] / hashed if hashed else math.nan
+    return (
+        f"| {load}x | {counts[0]} / {counts[1]} / {counts[2]} | {ratio:.3f} | "
+        f"{ours['remapped_pins']:.2f} | {', '.join(worse) or 'none'} |"
+    )
 
 
 def _plot(path: Any, summary: dict[str, Any]) -> None:
@@ -215,6 +248,9 @@ def _plot(path: Any, summary: dict[str, Any]) -> None:
 def _cluster(args: argparse.Namespace) -> int:
     if args.scale:
         return _scale(args)
+    if args.report:
+        _write(args.out, json.loads(Path(args.report).read_text()))
+        return 0
     seeds = parse_seeds(args.seeds)
     if args.engines < 1 or args.programs < 2:
         raise ValueError("--engines must be >= 1 and --programs >= 2")
@@ -241,13 +277,18 @@ def _cluster(args: argparse.Namespace) -> int:
             "verdicts": _verdicts(label, rows),
             "per_seed": rows,
         }
-    md = output_path(args.out, ".md")
+    output_path(args.out, ".json").parent.mkdir(parents=True, exist_ok=True)
+    output_path(args.out, ".json").write_text(json.dumps(summary, indent=1) + "\n")
+    _write(args.out, summary)
+    return 0
+
+
+def _write(out: str, summary: dict[str, Any]) -> None:
+    md = output_path(out, ".md")
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text("\n".join(_markdown(summary)) + "\n")
-    output_path(args.out, ".json").write_text(json.dumps(summary, indent=1) + "\n")
-    _plot(output_path(args.out, ".png"), summary)
+    _plot(output_path(out, ".png"), summary)
     print(f"wrote {md}")
-    return 0
 
 
 def _scale(args: argparse.Namespace) -> int:

@@ -3,13 +3,16 @@ TTL-aware routing's rules, and the cluster figures computed by hand."""
 
 from __future__ import annotations
 
-import math
+import json
+from pathlib import Path
 
 import pytest
 
-from simulator.cluster import ROUTERS, Cluster, TopologyChange, get_router, simulate_cluster
+from controlplane.cli import main
+from simulator.cluster import ROUTERS, Cluster, Route, TopologyChange, get_router, simulate_cluster
 from simulator.cluster.vllm_router import ConsistentHash
 from simulator.engine import EngineConfig
+from simulator.sim import ProgramState
 from simulator.trace import Program, Turn
 from simulator.workloads import generate
 
@@ -39,7 +42,7 @@ def test_every_router_serves_every_program_through_a_join_and_a_leave(name: str)
 
 
 def test_router_errors_name_the_router_and_the_field() -> None:
-    with pytest.raises(ValueError, match="unknown router 'nope'; valid: .*ttl-aware"):
+    with pytest.raises(ValueError, match=r"unknown router 'nope'; valid: .*ttl-aware"):
         get_router("nope")
     with pytest.raises(ValueError, match="'dynamo': unknown parameter 'ttl'"):
         get_router("dynamo(ttl=3)")
@@ -67,14 +70,13 @@ def test_consistent_hash_moves_about_one_key_in_n_and_only_to_the_new_engine() -
 def test_sticky_least_loaded_keeps_sessions_when_an_engine_joins() -> None:
     cluster = Cluster([], "sticky_least_loaded", engines=2)
     router, views = cluster.router, cluster.live
-    from simulator.cluster import Route
-
     first = {f"p{i}": router.route(Route(f"p{i}", 0, 100, 0, 0.0), views) for i in range(4)}
-    assert sorted(e.engine_id for e in first.values()) == [0, 0, 1, 1]
+    assert sorted(e.engine_id for e in first.values() if e is not None) == [0, 0, 1, 1]
     cluster._add(1.0)
     again = {p: router.route(Route(p, 1, 200, 100, 2.0), cluster.live) for p in first}
     assert again == first
     new = router.route(Route("p9", 0, 100, 0, 3.0), cluster.live)
+    assert new is not None
     assert new.engine_id == 2  # the fewest active sessions
 
 
@@ -114,11 +116,11 @@ def test_ttl_aware_sends_new_programs_to_the_most_free_kv() -> None:
     cluster = Cluster([_program("a", 0.0, 3000, 1.5)], "ttl-aware", PIN_2S, 2, config=SMALL)
     cluster.run(until=0.5)
     holder = cluster.all[cluster.result.per_engine_programs.popitem()[0]]
-    assert holder.engine_id == 0 and holder.pin_of("a") is not None
-    from simulator.cluster import Route
-
+    assert holder.engine_id == 0
+    assert holder.pin_of("a") is not None
     other = cluster.router.route(Route("b", 0, 100, 0, 0.5), cluster.live)
-    assert other is not None and other.engine_id == 1  # engine 0's blocks are pinned
+    assert other is not None
+    assert other.engine_id == 1
 
 
 def test_ttl_aware_drops_the_pin_at_once_when_it_sends_the_turn_elsewhere() -> None:
@@ -130,8 +132,6 @@ def test_ttl_aware_drops_the_pin_at_once_when_it_sends_the_turn_elsewhere() -> N
     assert pin is not None
     tokens = holder.pinned_tokens(pin)
     # swamp the holder: first turns of big programs delivered to it directly
-    from simulator.sim import ProgramState
-
     for i in range(40):
         hog = _program(f"hog{i}", 0.5, 40_000, 1.0)
         cluster._states[hog.program_id] = ProgramState(hog)
@@ -168,3 +168,32 @@ def test_figures_of_a_tiny_run_by_hand() -> None:
     jct = sorted(p.jct_s for p in result.programs)
     assert figures["mean_jct_s"] == pytest.approx(sum(jct) / 2)
     assert figures["p99_jct_s"] == pytest.approx(jct[0] + (jct[1] - jct[0]) * 0.99)
+
+
+def test_bench_cluster_writes_verdicts_and_rerenders_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cluster"
+    args = ["bench", "cluster", "--workload", "bfcl", "--programs", "6", "--seeds", "0-1"]
+    args += ["--rate", "0.2", "--routers", "round_robin,ttl-aware", "--retentions", "vllm,cachettl"]
+    assert main([*args, "--out", str(out)]) == 0
+    summary = json.loads(out.with_suffix(".json").read_text())
+    block = summary["loads"]["1.0"]
+    assert set(block["means"]) == {
+        "ttl-aware+cachettl",
+        "ttl-aware+vllm",
+        "round_robin+vllm",
+        "round_robin+cachettl",
+    }
+    assert {v["rival"] for v in block["verdicts"]} == set(block["means"]) - {"ttl-aware+cachettl"}
+    assert all(len(rows) == 2 for rows in block["per_seed"].values())
+    assert out.with_suffix(".png").stat().st_size > 0
+    out.with_suffix(".md").unlink()
+    assert (
+        main(["bench", "cluster", "--report", str(out.with_suffix(".json")), "--out", str(out)])
+        == 0
+    )
+    assert "| 1.0x |" in out.with_suffix(".md").read_text()
+    capsys.readouterr()
+    assert main([*args, "--ours", "ttl-aware", "--out", str(out)]) == 2
+    assert "expected ROUTER+RETENTION, got 'ttl-aware'" in capsys.readouterr().err
