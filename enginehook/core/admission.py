@@ -32,7 +32,7 @@ there is one backend, so best fit is the pool itself.
 >>> a = ProgramAdmission(capacity_tokens=1_000)
 >>> a.arrived("p", 500, now=0.0), a.arrived("q", 450, now=0.0)
 (True, False)
->>> a.finished("p", 520, now=1.0)
+>>> a.acting("p", 520, now=1.0)
 >>> a.ended("p")
 >>> a.tick(5.0)
 ['q']
@@ -78,7 +78,7 @@ class ProgramAdmission:
     """Which programs may send requests to the engine now (see the module docstring).
 
     The host tells it when a program's request arrives (:meth:`arrived`), finishes
-    (:meth:`finished`) and when the program ends (:meth:`ended`), and calls :meth:`tick`
+    (:meth:`acting`) and when the program ends (:meth:`ended`), and calls :meth:`tick`
     at least every ``interval_s``; :meth:`held` says whether a program's waiting request
     must stay out of the engine.
     """
@@ -136,7 +136,7 @@ class ProgramAdmission:
         program.status = _Status.REASONING
         return not program.paused
 
-    def finished(self, program_id: str, tokens: int, now: float) -> None:
+    def acting(self, program_id: str, tokens: int, now: float) -> None:
         """The program's request finished with ``tokens`` of context (now in its tool)."""
         program = self._programs.get(program_id)
         if program is None:

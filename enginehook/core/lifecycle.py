@@ -316,13 +316,13 @@ class PinController(Generic[H]):
         served = turn.context_tokens + turn.output_tokens
         self._tokens[program] = self._tokens.get(program, 0.0) + served
         if self.admission is not None and not turn.last_turn:
-            self.admission.finished(program, turn.context_tokens, now)
+            self.admission.acting(program, turn.context_tokens, now)
         if turn.last_turn:
             self.end_program(program, now)
             return Finish()
         if turn.tool is None or self.decider is None or not turn.pin:
             cause = NotPinnedCause.CLIENT if not turn.pin else NotPinnedCause.TTL_ZERO
-            tracker.finished(
+            tracker.turn_finished(
                 program, now, tool=turn.tool, tool_args=turn.tool_args, not_pinned=cause
             )
             return Finish()
@@ -331,7 +331,7 @@ class PinController(Generic[H]):
         if ttl_s != decision.ttl_s:  # the pin table applies the rules' cap
             decision = replace(decision, ttl_s=ttl_s)
         if decision.ttl_s <= 0:
-            tracker.finished(
+            tracker.turn_finished(
                 program, now, tool=turn.tool, tool_args=turn.tool_args, basis=decision.basis
             )
             return Finish(decision=decision)
@@ -349,7 +349,7 @@ class PinController(Generic[H]):
             program_arrival=self.arrivals.first(program, now),
             waiting_programs=self.host.waiting_programs() if over else (),
         )
-        tracker.finished(
+        tracker.turn_finished(
             program,
             now,
             tool=turn.tool,
@@ -417,7 +417,7 @@ class PinController(Generic[H]):
         """The program ended: its pin goes, its last turn is counted, its state forgotten."""
         self.pins.program_end(program_id)
         tracker = self._tracker_of(program_id)
-        tracker.finished(program_id, now, tool=None)
+        tracker.turn_finished(program_id, now, tool=None)
         event = tracker.program_end(program_id, now)
         self._forget(program_id)
         if event is not None:

@@ -2,7 +2,7 @@
 
 For each program the tracker follows one cycle per tool call::
 
-    finished(turn k, tool f) ─► [pin released: outcome] ─► arrived(turn k+1) ─► admitted
+    turn_finished(turn k, tool f) ─► [pin released: outcome] ─► arrived(turn k+1) ─► admitted
 
 - tool duration = next arrival − finish of the turn that called the tool (measured in the
   engine, as the paper does);
@@ -39,7 +39,7 @@ it the oldest programs' prefixes are dropped (their returns are classified witho
 divergence check).
 
 >>> t = ToolCallTracker(engine_id="e1")
->>> t.finished("p", 10.0, tool="bash", tool_args="ls", ttl_s=2.0, pinned=True)
+>>> t.turn_finished("p", 10.0, tool="bash", tool_args="ls", ttl_s=2.0, pinned=True)
 0
 >>> t.arrived("p", 10.5)
 >>> ev = t.admitted("p", 10.6, pin_held=True)
@@ -49,7 +49,7 @@ divergence check).
 (False, True)
 >>> t.program_end("p", 20.0).total_turns
 1
->>> t.finished("q", 0.0, tool="bash", ttl_s=1.0, pinned=True)
+>>> t.turn_finished("q", 0.0, tool="bash", ttl_s=1.0, pinned=True)
 0
 >>> t.keep_prefix("q", ["h0", "h1", "h2"])
 True
@@ -287,7 +287,7 @@ class ToolCallTracker:
         """LLM calls of the program finished so far."""
         return self._turns.get(program_id, 0)
 
-    def finished(
+    def turn_finished(
         self,
         program_id: str,
         now: float,

@@ -46,7 +46,7 @@ def _turn(
     tool, args, median = rng.choice(TOOLS)
     pinned = rng.random() < 0.7
     ttl = round(rng.uniform(0.5, 5.0), 3) if pinned else 0.0
-    tracker.finished(program, now, tool=tool, tool_args=args, ttl_s=ttl, pinned=pinned)
+    tracker.turn_finished(program, now, tool=tool, tool_args=args, ttl_s=ttl, pinned=pinned)
     fate = rng.random()
     if pinned and fate < 0.25:
         tracker.pin_released(program, ReleaseReason.TTL)
@@ -73,7 +73,7 @@ def _events(seed: int = 7) -> list[Event]:
         for _ in range(rng.randint(1, 7)):
             now, event = _turn(tracker, rng, program, now)
             events.append(event)
-        tracker.finished(program, now, tool=None)
+        tracker.turn_finished(program, now, tool=None)
         end = tracker.program_end(program, now)
         assert end is not None
         events.append(end)

@@ -323,9 +323,11 @@ def test_the_engines_own_reports_of_turns_the_prefix_cache_served_are_accepted(s
     the server stores them as sent."""
     _, client, store = served
     tracker = ToolCallTracker("e1", "acme")
-    tracker.finished("late", 0.0, tool="bash", tool_args="ls", ttl_s=1.0, pinned=True)
+    tracker.turn_finished("late", 0.0, tool="bash", tool_args="ls", ttl_s=1.0, pinned=True)
     tracker.pin_released("late", ReleaseReason.TTL)
-    tracker.finished("cold", 0.0, tool="bash", tool_args="ls", not_pinned=NotPinnedCause.TTL_ZERO)
+    tracker.turn_finished(
+        "cold", 0.0, tool="bash", tool_args="ls", not_pinned=NotPinnedCause.TTL_ZERO
+    )
     served_anyway = CacheSeen(hit_tokens=160, reusable_tokens=160)
     for program in ("late", "cold"):
         tracker.arrived(program, 3.0)

@@ -21,8 +21,8 @@ def test_over_capacity_pauses_acting_programs_smallest_first_then_marks_reasonin
     a = ProgramAdmission(capacity_tokens=10_000)
     for pid, tokens in (("small", 1_000), ("mid", 2_000), ("big", 3_000)):
         assert a.arrived(pid, tokens, now=0.0)
-    a.finished("small", 1_500, now=1.0)
-    a.finished("mid", 2_500, now=1.0)
+    a.acting("small", 1_500, now=1.0)
+    a.acting("mid", 2_500, now=1.0)
     # contexts grew: used = 1,500 + 2,500 + 3,000 + 300 = 7,300 (fits); grow "big"
     a.arrived("big", 6_000, now=2.0)  # its next request (REASONING with 6,000)
     a.tick(5.0)  # 1,500 + 2,500 + 6,000 + 300 = 10,300 > 10,000: pause the small acting
@@ -40,9 +40,9 @@ def test_a_marked_reasoning_program_is_paused_when_its_request_ends():
     a.tick(1.0)
     assert not a.held("p")
     assert not a.held("q")
-    a.finished("p", 2_700, now=2.0)
+    a.acting("p", 2_700, now=2.0)
     assert not a.held("p")
-    a.finished("q", 2_600, now=2.0)  # the smallest (q, 2,500) was marked
+    a.acting("q", 2_600, now=2.0)  # the smallest (q, 2,500) was marked
     assert a.held("q")
 
 
@@ -50,7 +50,7 @@ def test_paused_programs_are_resumed_at_the_next_check_once_they_fit():
     a = ProgramAdmission(capacity_tokens=3_000, interval_s=5.0)
     assert a.arrived("run", 2_500, now=0.0)
     assert not a.arrived("new", 500, now=0.0)
-    a.finished("run", 2_600, now=1.0)
+    a.acting("run", 2_600, now=1.0)
     a.tick(1.0)  # 2,600 + 100 used: "new" (500 + 100) still does not fit
     assert a.held("new")
     a.ended("run")
@@ -63,13 +63,13 @@ def test_a_paused_program_with_a_waiting_request_goes_before_new_programs():
     a = ProgramAdmission(capacity_tokens=3_000)
     assert a.arrived("p", 1_000, now=0.0)
     assert a.arrived("hog", 1_500, now=0.0)
-    a.finished("p", 1_200, now=1.0)
+    a.acting("p", 1_200, now=1.0)
     a.arrived("hog", 1_900, now=1.0)  # 1,200 + 1,900 + 200 > 3,000: pause acting p
     a.tick(1.0)
     assert a.held("p")
     assert not a.arrived("new", 1_100, now=2.0)
     assert not a.arrived("p", 1_900, now=3.0)  # p returns while paused
-    a.finished("hog", 1_950, now=4.0)
+    a.acting("hog", 1_950, now=4.0)
     a.ended("hog")  # free 3,000: p (2,000) first; new (1,200) no longer fits beside it
     assert a.tick(6.0) == ["p"]
     assert a.held("new")
@@ -99,7 +99,7 @@ def test_capacity_counts_a_buffer_per_active_program():
     a = ProgramAdmission(capacity_tokens=1_000, acting_token_weight=0.5)
     a.arrived("p", 400, now=0.0)
     assert a.used_tokens() == 400 + BUFFER_PER_PROGRAM
-    a.finished("p", 600, now=1.0)
+    a.acting("p", 600, now=1.0)
     assert a.used_tokens() == 0.5 * 600 + BUFFER_PER_PROGRAM
 
 

@@ -15,7 +15,7 @@ def test_local_learning_moves_the_policy_off_cold_start():
     assert first.basis == "cold-start"
     t = ToolCallTracker("e")
     for k in range(10):
-        t.finished("p", 10.0 * k, tool="bash", tool_args="ls")
+        t.turn_finished("p", 10.0 * k, tool="bash", tool_args="ls")
         t.arrived("p", 10.0 * k + 0.2)
         ev = t.admitted("p", 10.0 * k + 0.3, pin_held=False)
         assert ev is not None
@@ -43,7 +43,7 @@ def test_learning_in_the_background():
     decider = TtlDecider("continuum", min_samples=2)
     t = ToolCallTracker("e")
     for k in range(5):
-        t.finished("p", float(k), tool="grep")
+        t.turn_finished("p", float(k), tool="grep")
         t.arrived("p", k + 0.1)
         event = t.admitted("p", k + 0.1, pin_held=True)
         assert event is not None

@@ -40,7 +40,7 @@ STORIES = {
 def test_the_control_plane_accepts_the_event(story: str, seen: str) -> None:
     pinned, released = STORIES[story]
     tracker = ToolCallTracker("engine-a")
-    tracker.finished(
+    tracker.turn_finished(
         "p",
         1.0,
         tool="bash",

@@ -219,14 +219,14 @@ def test_kept_prefixes_are_bounded_oldest_first_and_dropped_with_their_program()
     t = ToolCallTracker("e")
     half = PREFIX_BLOCKS_KEPT // 2 + 1
     for program in ("a", "b"):
-        t.finished(program, 0.0, tool="bash")
+        t.turn_finished(program, 0.0, tool="bash")
         assert t.keep_prefix(program, _hashes(half))
     assert t._prefix_blocks == half  # "a" was dropped to make room for "b"
     assert list(t._prefixes) == ["b"]
     t.program_end("b", 1.0)
     assert t._prefix_blocks == 0
     assert not t.keep_prefix("b", _hashes(3))  # no turn waiting to return
-    t.finished("c", 0.0, tool="bash")
+    t.turn_finished("c", 0.0, tool="bash")
     t.keep_prefix("c", _hashes(3))
     assert [end.program_id for end in t.forget_idle(100.0, idle_s=10.0)] == ["a", "c"]
     assert t._prefix_blocks == 0

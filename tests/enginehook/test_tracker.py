@@ -23,7 +23,7 @@ from enginehook.hints.flat import Hints
 
 def test_duration_is_next_arrival_minus_finish_and_hit_is_not_a_queue_sample():
     t = ToolCallTracker("e")
-    assert t.finished("p", 1.0, tool="bash", tool_args="ls", ttl_s=2.0, pinned=True) == 0
+    assert t.turn_finished("p", 1.0, tool="bash", tool_args="ls", ttl_s=2.0, pinned=True) == 0
     assert not t.returning("p")
     t.arrived("p", 1.75)
     t.arrived("p", 9.0)  # a second request of the program does not move the arrival
@@ -37,7 +37,7 @@ def test_duration_is_next_arrival_minus_finish_and_hit_is_not_a_queue_sample():
 
 def test_expired_pin_gives_a_queue_delay_sample():
     t = ToolCallTracker("e")
-    t.finished("p", 0.0, tool="bash", ttl_s=1.0, pinned=True)
+    t.turn_finished("p", 0.0, tool="bash", ttl_s=1.0, pinned=True)
     t.pin_released("p", ReleaseReason.TTL)
     t.arrived("p", 3.0)
     ev = t.admitted("p", 3.5, pin_held=False)
@@ -59,7 +59,7 @@ def test_expired_pin_gives_a_queue_delay_sample():
 )
 def test_outcomes(pinned, reason, outcome):
     t = ToolCallTracker("e")
-    t.finished("p", 0.0, tool="x", pinned=pinned)
+    t.turn_finished("p", 0.0, tool="x", pinned=pinned)
     if reason is not None:
         t.pin_released("p", reason)
     t.arrived("p", 1.0)
@@ -138,12 +138,12 @@ def test_event_ids_unique_per_turn_and_program_end_counts_turns():
     t = ToolCallTracker("eng")
     ids = []
     for k in range(3):
-        t.finished("p", float(k), tool="bash")
+        t.turn_finished("p", float(k), tool="bash")
         t.arrived("p", k + 0.5)
         ev = t.admitted("p", k + 0.5, pin_held=False)
         assert ev is not None
         ids.append(ev.event_id)
-    t.finished("p", 4.0, tool=None)
+    t.turn_finished("p", 4.0, tool=None)
     end = t.program_end("p", 4.0)
     assert end is not None
     assert end.total_turns == 4
@@ -159,16 +159,16 @@ def test_a_program_id_used_again_gets_fresh_event_ids():
     t = ToolCallTracker("eng")
     seen = set()
     for start in (0.0, 10.0):
-        t.finished("p", start, tool="bash")
+        t.turn_finished("p", start, tool="bash")
         t.arrived("p", start + 1.0)
         first = t.admitted("p", start + 1.0, pin_held=False)
         end = t.program_end("p", start + 2.0)
         assert first is not None
         assert end is not None
         seen |= {first.event_id, end.event_id}
-    t.finished("p", 20.0, tool="bash")
+    t.turn_finished("p", 20.0, tool="bash")
     (forgotten,) = t.forget_idle(5000.0, idle_s=3600.0)
-    t.finished("p", 5001.0, tool="bash")
+    t.turn_finished("p", 5001.0, tool="bash")
     t.arrived("p", 5002.0)
     back = t.admitted("p", 5002.0, pin_held=False)
     assert back is not None
@@ -186,8 +186,8 @@ def test_a_program_id_used_again_gets_fresh_event_ids():
 
 def test_forget_idle_bounds_memory():
     t = ToolCallTracker("e")
-    t.finished("gone", 0.0, tool="bash")
-    t.finished("back", 0.0, tool="bash")
+    t.turn_finished("gone", 0.0, tool="bash")
+    t.turn_finished("back", 0.0, tool="bash")
     t.arrived("back", 50.0)
     (end,) = t.forget_idle(100.0, idle_s=60.0)
     # An abandoned program ended where its last turn finished, after the turns it was served.
