@@ -232,14 +232,20 @@ def _plot(path: Any, summary: dict[str, Any]) -> None:
 
     loads = sorted(summary["loads"], key=float)
     fig, ax = plt.subplots(figsize=(8, 5))
-    for pair in summary["loads"][loads[0]]["means"]:
+    retention = summary["ours"].rpartition("+")[2]
+    for pair in summary["loads"][loads[0]]["means"]:  # one line per router: our retention
+        if not pair.endswith("+" + retention) and pair != "round_robin+vllm":
+            continue
         ys = [summary["loads"][x]["means"][pair]["mean_jct_s"] for x in loads]
         style = "-" if pair == summary["ours"] else ":"
         ax.plot([float(x) for x in loads], ys, style, marker="o", label=pair)
     ax.set_xlabel("load (multiple of round_robin + vllm's slowdown-3 rate)")
     ax.set_ylabel("mean JCT (s)")
-    ax.set_title(f"{summary['workload']}, {summary['engines']} engines + 1 joining")
-    ax.legend(fontsize=6, ncol=2)
+    ax.set_title(
+        f"{summary['workload']}, {summary['engines']} engines + 1 joining; each router with "
+        f"{retention} (and round_robin + vllm)"
+    )
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
