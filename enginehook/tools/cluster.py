@@ -73,6 +73,7 @@ class ClusterEngine:
     work: Path
     hook: dict[str, Any] | None
     blocks: int = 96
+    env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
@@ -80,6 +81,11 @@ class ClusterEngine:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        """How the engine names itself in ``X-CacheTTL-Engine``."""
+        return f"127.0.0.1:{self.port}"
 
     @property
     def events_path(self) -> Path:
@@ -106,6 +112,7 @@ class ClusterEngine:
             served_name="tiny",
             max_model_len=2048,
             extra_args=(*MIDDLEWARE, "--enable-scale-out"),
+            env=self.env,
         )
 
     def ready(self) -> bool:
@@ -158,12 +165,26 @@ class Router:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def log(self) -> Path:
+        return self.work / f"router-{self.policy}-{self.port}.log"
+
+    def finished_sessions(self) -> list[str]:
+        """Sessions ``sticky_least_loaded`` logged as finished (``/finish_session``)."""
+        marker = "SLL: finished session '"
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return [
+            line.split(marker, 1)[1].split("'", 1)[0]
+            for line in text.splitlines()
+            if marker in line
+        ]
+
     def start(self, timeout_s: float = 120.0) -> None:
         args = [router_binary(), "--host", "127.0.0.1", "--port", str(self.port)]
         args += ["--policy", self.policy, "--worker-urls", *self.workers]
         args += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port)]
-        args += ["--worker-startup-check-interval", "1", "--log-level", "warning", *self.extra]
-        log = self.work / f"router-{self.policy}-{self.port}.log"
+        args += ["--worker-startup-check-interval", "1", "--log-level", "info", *self.extra]
+        log = self.log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
 
@@ -199,12 +220,13 @@ class Router:
 @dataclass(frozen=True)
 class Turn:
     """One turn's answer: the reply text, the prompt's tokens and how many were cached,
-    and the time it took (seconds)."""
+    the time it took (seconds) and the engine that answered (``X-CacheTTL-Engine``)."""
 
     text: str
     prompt_tokens: int
     cached_tokens: int
     seconds: float
+    engine: str
 
 
 def chat_turn(
@@ -233,6 +255,7 @@ def chat_turn(
     started = time.monotonic()
     with urllib.request.urlopen(request, timeout=timeout_s) as r:
         reply = json.loads(r.read().decode())
+        engine = r.headers.get("x-cachettl-engine", "")
     usage = reply.get("usage") or {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return Turn(
@@ -240,4 +263,5 @@ def chat_turn(
         int(usage.get("prompt_tokens", 0)),
         int(cached),
         time.monotonic() - started,
+        engine,
     )

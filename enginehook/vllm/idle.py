@@ -72,6 +72,17 @@ class IdleExpiry:
             self._thread = threading.Thread(target=self._run, name="cachettl-idle", daemon=True)
             self._thread.start()
 
+    def wake(self) -> None:
+        """Wake the engine loop now, from any thread (a program moved away: its pin goes on
+        the engine thread at once, idle or not)."""
+        if self._inbox is None:
+            return
+        from vllm.v1.engine import EngineCoreRequestType
+
+        self.due = True
+        self.wakeups += 1
+        self._inbox.put_nowait((EngineCoreRequestType.WAKEUP, None))
+
     def take(self) -> bool:
         """Whether a wake-up asked for expiry (cleared); called on the engine thread."""
         if not self.due:

@@ -43,6 +43,7 @@ from enginehook.core.lifecycle import PinController
 from enginehook.core.pins import Pin, ReleaseReason
 from enginehook.core.tracker import CacheSeen
 from enginehook.hints.flat import Hints
+from enginehook.link.coherence import CoherenceLink
 from enginehook.vllm.blocks import take_pinned_blocks
 from enginehook.vllm.compat import check_engine, passthrough_reason
 from enginehook.vllm.idle import IdleExpiry, engine_input_queue
@@ -109,6 +110,10 @@ class CacheTTLMixin:
         self.pins = self.controller.pins
         inbox = engine_input_queue() if self.active else None
         self.idle = IdleExpiry(inbox, lambda: len(self.pins), lambda: self.metrics.schedule_calls)
+        self.coherence: CoherenceLink | None = None
+        if self.active and config.control_plane and config.coherence:
+            engine_id = self.services.engine_id
+            self.coherence = CoherenceLink.from_config(config, engine_id, on_moved=self.idle.wake)
         self._text = ToolCallText(self.vllm_config.model_config)
         self._priority = self.vllm_config.scheduler_config.policy == "priority"
         self._next_housekeeping = 0.0
@@ -188,6 +193,8 @@ class CacheTTLMixin:
             )
             if hints.release:  # the session closes: its pin goes now, not at admission
                 self.controller.close(request.session_id)
+            if self.coherence is not None:
+                self.coherence.arrived(request.session_id, request.arrival_time)
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         if not self.active:
@@ -197,6 +204,7 @@ class CacheTTLMixin:
         sorted_before = queue.sort_seconds if queue is not None else 0.0
         try:
             self.controller.expire(now)
+            self._moved_away()
             if queue is not None:
                 queue.mark_dirty()
         except Exception as exc:
@@ -343,12 +351,28 @@ class CacheTTLMixin:
         if self.idle.take():  # an idle engine woken to expire pins (enginehook.vllm.idle)
             try:
                 self.controller.expire(self.clock())
+                self._moved_away()
             except Exception as exc:
                 self._fault("has_requests", None, exc)
         return super().has_requests()  # type: ignore[misc,no-any-return]
 
+    def _moved_away(self) -> None:
+        """Drop the pins of programs whose turns arrived at another engine
+        (:mod:`enginehook.link.coherence`); one truthiness test when none did."""
+        if self.coherence is None:
+            return
+        moved = self.coherence.moved()
+        if not moved:
+            return
+        here = {r.session_id for r in self.requests.values() if r.session_id}
+        for program, arrived_at in moved:
+            if program not in here:  # else its latest turn is here: the news is stale
+                self.controller.moved_away(program, arrived_at)
+
     def shutdown(self) -> None:
         self.idle.stop()
+        if self.coherence is not None:
+            self.coherence.close()
         try:
             self.controller.release_all(ReleaseReason.SHUTDOWN)
             self.services.close()

@@ -1,0 +1,207 @@
+"""A real cluster: vllm-router 0.1.17 (PyPI) in front of two CPU engines with the hook and one
+control plane (``cachettl serve``), sessions by ``X-Session-ID``.
+
+- Under ``consistent_hash``, ``sticky_least_loaded`` and ``cache_aware`` every program stays
+  on one engine, every returning turn finds its pinned prefix, and the router's count of
+  requests per engine equals the engines' own.
+- A worker removed and added back moves programs: a moved program loses at most its pin (its
+  turns all complete), the engine it left releases that pin within 2 s (pin coherence
+  through the control plane, the engine idle meanwhile) and reports the tool call with the
+  duration it really had; no pin is left behind once the programs end.
+- Every ended session reaches the router's ``/finish_session`` (``sticky_least_loaded``
+  logs it).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enginehook.tools.agentrun import ControlPlaneProcess, free_port, wait_for
+from enginehook.tools.cluster import ClusterEngine, Router, Turn, chat_turn
+from enginehook.tools.tinymodel import random_words
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 32
+MOVED = 'cachettl_pin_releases_total{reason="moved"}'
+
+
+@dataclass
+class Cluster:
+    engines: list[ClusterEngine]
+    work: Path
+    router_port: int
+
+    def router(self, policy: str) -> Router:
+        router = Router(policy, [e.url for e in self.engines], self.work, port=self.router_port)
+        router.start()
+        return router
+
+    def engine(self, address: str) -> ClusterEngine:
+        (found,) = [e for e in self.engines if e.address == address]
+        return found
+
+    def metric(self, engine: ClusterEngine, name: str) -> float:
+        return engine.metrics().get(name, 0.0)
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    work = tmp_path_factory.mktemp("cluster")
+    plane = ControlPlaneProcess(f"sqlite:///{work / 'cp.sqlite3'}", free_port(), work / "cp.log")
+    plane.start()
+    (work / "token").write_text(plane.token)
+    router_port = free_port()
+    hook = {
+        "policy": "fixed",
+        "policy_params": {"ttl_s": 60.0, "skip_slow_tools": False},
+        "control_plane": f"127.0.0.1:{plane.port}",
+        "token_file": str(work / "token"),
+    }
+    env = {"CACHETTL_ROUTER_URLS": f"http://127.0.0.1:{router_port}"}
+    engines = [ClusterEngine(f"engine{i}", tiny_model, work, hook, env=env) for i in range(2)]
+    try:
+        for engine in engines:
+            engine.start()
+        wait_for(lambda: all(e.ready() for e in engines), 900, "two engines")
+        yield Cluster(engines, work, router_port)
+    finally:
+        for engine in engines:
+            engine.stop()
+        plane.stop()
+
+
+@dataclass
+class Program:
+    """One agent program: its messages so far and its turns' answers."""
+
+    name: str
+    messages: list[dict[str, Any]]
+    turns: list[Turn] = field(default_factory=list)
+    finished_at: float = 0.0
+
+    def turn(self, base_url: str, rng: random.Random, last: bool = False) -> Turn:
+        xargs = {"last_turn": 1} if last else {"tool": "bash", "tool_args": "pytest -x"}
+        answer = chat_turn(base_url, self.name, self.messages, xargs=xargs)
+        self.finished_at = time.time()
+        self.turns.append(answer)
+        self.messages += [
+            {"role": "assistant", "content": answer.text},
+            {"role": "user", "content": random_words(rng, 20)},  # the tool's output
+        ]
+        return answer
+
+
+def _programs(prefix: str, count: int, seed: int) -> tuple[list[Program], random.Random]:
+    rng = random.Random(seed)
+    programs = [
+        Program(
+            f"{prefix}-{i}",
+            [
+                {"role": "system", "content": random_words(rng, 40)},
+                {"role": "user", "content": random_words(rng, 300)},
+            ],
+        )
+        for i in range(count)
+    ]
+    return programs, rng
+
+
+def _hit(previous: Turn, turn: Turn) -> bool:
+    """The returning turn found the previous turn's prompt cached (to the last full block)."""
+    return turn.cached_tokens >= (previous.prompt_tokens // BLOCK) * BLOCK
+
+
+@pytest.mark.parametrize("policy", ["consistent_hash", "sticky_least_loaded", "cache_aware"])
+def test_programs_stay_with_their_pins_and_hit(cluster: Cluster, policy: str) -> None:
+    hits_before = {
+        e.address: cluster.metric(e, "cachettl_pinned_prefix_hits_total") for e in cluster.engines
+    }
+    router = cluster.router(policy)
+    try:
+        programs, rng = _programs(f"stay-{policy}", 6, seed=len(policy))
+        for index in range(3):
+            for program in programs:
+                program.turn(router.url, rng, last=index == 2)
+        served = router.metrics()
+        if policy == "sticky_least_loaded":  # the policy that keeps sessions: each one ended
+            ended = {p.name for p in programs}
+            wait_for(lambda: ended <= set(router.finished_sessions()), 10, "/finish_session")
+    finally:
+        router.stop()
+    for program in programs:
+        engines = {t.engine for t in program.turns}
+        assert len(engines) == 1, (program.name, engines)
+        for previous, turn in zip(program.turns, program.turns[1:], strict=False):
+            assert _hit(previous, turn), (program.name, previous, turn)
+    for engine in cluster.engines:
+        ours = [t for p in programs for t in p.turns if t.engine == engine.address]
+        routed = served.get(f'vllm_router_processed_requests_total{{worker="{engine.url}"}}', 0.0)
+        assert routed == len(ours), (policy, engine.address)
+        hits = cluster.metric(engine, "cachettl_pinned_prefix_hits_total")
+        returning = [t for p in programs for t in p.turns[1:] if t.engine == engine.address]
+        assert hits - hits_before[engine.address] == len(returning)
+
+
+def _moved_pins_released(
+    engine: ClusterEngine, cluster: Cluster, before: float, moved: int
+) -> None:
+    """Within 2 s, ``engine`` released ``moved`` pins as moved and holds none."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        released = cluster.metric(engine, MOVED) - before
+        if released == moved and cluster.metric(engine, "cachettl_pins_held") == 0:
+            return
+        time.sleep(0.05)
+    released = cluster.metric(engine, MOVED) - before
+    held = cluster.metric(engine, "cachettl_pins_held")
+    raise AssertionError(
+        f"{engine.name}: {released} of {moved} pins released as moved, {held} held"
+    )
+
+
+@pytest.mark.parametrize("policy", ["consistent_hash", "sticky_least_loaded"])
+def test_a_worker_removed_and_added_back(cluster: Cluster, policy: str) -> None:
+    first, other = cluster.engines
+    router = cluster.router(policy)
+    try:
+        programs, rng = _programs(f"move-{policy}", 6, seed=7 + len(policy))
+        for program in programs:
+            program.turn(router.url, rng)
+        on_first = [p for p in programs if p.turns[0].engine == first.address]
+        assert on_first, "no program was placed on the engine to be removed"
+        before = cluster.metric(first, MOVED)
+        router.remove_worker(first.url)
+        for program in programs:
+            program.turn(router.url, rng)
+        assert all(p.turns[1].engine == other.address for p in programs)
+        _moved_pins_released(first, cluster, before, len(on_first))
+        calls = {
+            e["program_id"]: e
+            for e in first.events()
+            if e["kind"] == "tool_call" and e["program_id"].startswith(f"move-{policy}")
+        }
+        for program in on_first:  # its tool call, with the duration it really had
+            call = calls[program.name]
+            assert 0 < call["duration_s"] < 30
+        router.add_worker(first.url)
+        wait_for(lambda: first.url in router.workers_listed(), 30, "the worker back")
+        before_other = cluster.metric(other, MOVED)
+        for program in programs:
+            program.turn(router.url, rng, last=True)
+        back = [p for p in programs if p.turns[2].engine == first.address]
+        _moved_pins_released(other, cluster, before_other, len(back))
+    finally:
+        router.stop()
+    for program in programs:  # every turn completed; only a moved turn may miss
+        for previous, turn in zip(program.turns, program.turns[1:], strict=False):
+            assert turn.engine != previous.engine or _hit(previous, turn)
+    for engine in cluster.engines:  # no pin left behind
+        assert cluster.metric(engine, "cachettl_pins_held") == 0
