@@ -30,7 +30,7 @@ from controlplane.sharing import SharingRules
 from controlplane.snapshots import SnapshotPayloads, dumps_off_process, in_slices
 from controlplane.state import ModelState
 from controlplane.storage import Store, hash_token, new_token
-from estimator import Decision, RequestFacts, get_policy
+from estimator import DEFAULT_PROFILE, Decision, RequestFacts, get_policy
 
 __all__ = ["ControlPlane"]
 
@@ -55,7 +55,7 @@ class ControlPlane:
         policy_params: dict[str, Any] | None = None,
         min_samples: int = 100,
         clock: Callable[[], float] = time.time,
-        profile: str = "llama3.1-8b-h100",
+        profile: str = DEFAULT_PROFILE,
         sharing: SharingRules | None = None,
         name_limits: NameLimits | None = None,
     ) -> None:

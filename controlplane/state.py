@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from controlplane.records import PinOutcome, StoredProgramEnd, StoredToolCall
 from controlplane.sharing import SharedModels, SharingRules
-from estimator import DurationModel, Models, TtlPolicy
+from estimator import DEFAULT_PROFILE, DurationModel, Models, TtlPolicy
 
 __all__ = ["ModelState", "PinCounts"]
 
@@ -86,7 +86,7 @@ class ModelState:
         cls,
         policy: TtlPolicy,
         min_samples: int = 100,
-        profile: str = "llama3.1-8b-h100",
+        profile: str = DEFAULT_PROFILE,
         sharing: SharingRules | None = None,
     ) -> ModelState:
         """Empty models configured for ``policy`` and the hardware ``profile``."""

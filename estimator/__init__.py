@@ -21,7 +21,7 @@ from estimator.policies import (
     get_policy,
     register_policy,
 )
-from estimator.profiles import PROFILES, HardwareProfile, get_profile
+from estimator.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
 from estimator.signatures import SignatureRegistry, json_signature, shell_signature
 from estimator.ttl import (
     best_ttl_mixture,
@@ -33,6 +33,7 @@ from estimator.ttl import (
 from estimator.workload import MemoryFactor, QueueDelay, RemainingTurns
 
 __all__ = [
+    "DEFAULT_PROFILE",
     "DEFAULT_TTL_CAP_S",
     "DEFAULT_TTL_SLACK",
     "POLICIES",

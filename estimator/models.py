@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from estimator.cost import CostModel
 from estimator.hierarchy import DurationHierarchy
-from estimator.profiles import HardwareProfile, get_profile
+from estimator.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from estimator.workload import MemoryFactor, QueueDelay, RemainingTurns
 
 __all__ = ["Models", "WorkloadStats"]
@@ -53,7 +53,7 @@ class Models:
     @classmethod
     def for_profile(
         cls,
-        profile: str | HardwareProfile = "llama3.1-8b-h100",
+        profile: str | HardwareProfile = DEFAULT_PROFILE,
         min_samples: int = 100,
         window: int = 2000,
         forget_on_drift: bool = True,

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from estimator._checks import check_count, check_finite, check_non_negative
 from estimator.hierarchy import CONTRADICTION_ALPHA, Level
 from estimator.models import Models
-from estimator.profiles import HardwareProfile
+from estimator.profiles import DEFAULT_PROFILE, HardwareProfile
 from estimator.ttl import best_ttl_mixture, exponential_ttl, mixture_cdf
 
 __all__ = [
@@ -118,9 +118,7 @@ class TtlPolicy(ABC):
     #: Whether this policy's duration models drop old regimes on drift.
     forgets_on_drift: ClassVar[bool] = True
 
-    def new_models(
-        self, profile: str | HardwareProfile = "llama3.1-8b-h100", **kwargs: Any
-    ) -> Models:
+    def new_models(self, profile: str | HardwareProfile = DEFAULT_PROFILE, **kwargs: Any) -> Models:
         """Fresh models configured the way this policy expects."""
         kwargs.setdefault("forget_on_drift", self.forgets_on_drift)
         return Models.for_profile(profile, **kwargs)

@@ -32,7 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PROFILES", "HardwareProfile", "get_profile"]
+__all__ = ["DEFAULT_PROFILE", "PROFILES", "HardwareProfile", "get_profile"]
+
+#: The profile used wherever none is named (the paper's setting).
+DEFAULT_PROFILE = "llama3.1-8b-h100"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +132,7 @@ PROFILES: dict[str, HardwareProfile] = {
     p.name: p
     for p in (
         HardwareProfile(
-            name="llama3.1-8b-h100",
+            name=DEFAULT_PROFILE,
             model="Llama-3.1-8B",
             gpu="H100-SXM-80GB",
             tensor_parallel=1,

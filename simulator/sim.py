@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enginehook.core.lifecycle import FinishedTurn, PinController
 from enginehook.core.pins import Pin, ReleaseReason
 from enginehook.core.tracker import CacheSeen, ProgramEndEvent, ToolCallEvent
-from estimator import HardwareProfile, get_profile
+from estimator import DEFAULT_PROFILE, HardwareProfile, get_profile
 from simulator.engine import Engine, EngineConfig, Request
 from simulator.loop import ARRIVAL, STEP_END, STEP_START, Event, EventLoop
 from simulator.policies import SchedulingPolicy, get_scheduling_policy
@@ -118,7 +118,7 @@ class Simulation:
         self,
         programs: Sequence[Program],
         policy: SchedulingPolicy,
-        hardware: str | HardwareProfile = "llama3.1-8b-h100",
+        hardware: str | HardwareProfile = DEFAULT_PROFILE,
         config: EngineConfig | None = None,
         on_program_end: Callable[[ProgramResult], None] | None = None,
         timer: StepTimer | None = None,
@@ -447,7 +447,7 @@ class Simulation:
 def simulate(
     programs: Sequence[Program],
     policy: str,
-    hardware: str | HardwareProfile = "llama3.1-8b-h100",
+    hardware: str | HardwareProfile = DEFAULT_PROFILE,
     config: EngineConfig | None = None,
     on_program_end: Callable[[ProgramResult], None] | None = None,
 ) -> RunResult:

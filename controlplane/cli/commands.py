@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from estimator import DEFAULT_TTL_CAP_S
+from estimator import DEFAULT_PROFILE, DEFAULT_TTL_CAP_S
 
 __all__ = ["default_db_url", "register"]
 
@@ -92,7 +92,7 @@ def _register_serve(commands: _SubParsers) -> None:
     p.add_argument("--min-samples", type=int, default=100, help="back-off threshold K")
     p.add_argument(
         "--profile",
-        default="llama3.1-8b-h100",
+        default=DEFAULT_PROFILE,
         help="hardware/model profile of the cost model (estimator.PROFILES)",
     )
     p.add_argument("--max-concurrent-rpcs", type=int, default=256)

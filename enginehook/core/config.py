@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from enginehook.core.rules import SchedulingRules
+from estimator import DEFAULT_PROFILE
 
 __all__ = [
     "CONFIG_KEY",
@@ -117,7 +118,7 @@ class HookConfig:
     enabled: bool = True
     policy: str = "cachettl"
     policy_params: dict[str, Any] = field(default_factory=dict)
-    profile: str = "llama3.1-8b-h100"
+    profile: str = DEFAULT_PROFILE
     min_samples: int = 100
     rules: SchedulingRules = field(default_factory=SchedulingRules)
     tenant: str = "default"

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
-from estimator import Decision, Models, RequestFacts, get_policy
+from estimator import DEFAULT_PROFILE, Decision, Models, RequestFacts, get_policy
 
 __all__ = ["TtlDecider", "client_decision"]
 
@@ -39,7 +39,7 @@ class TtlDecider:
         policy: str,
         params: Mapping[str, Any] | None = None,
         *,
-        profile: str = "llama3.1-8b-h100",
+        profile: str = DEFAULT_PROFILE,
         tenant: str = "default",
         min_samples: int = 100,
     ) -> None:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from estimator import DEFAULT_PROFILE
 from simulator.engine import EngineConfig
 from simulator.metrics import isolated_jct
 from simulator.sim import simulate
@@ -206,7 +207,7 @@ def _load_study(
 
 
 def _turns_study(runs: _Runs, lines: list[str]) -> dict[str, object]:
-    hw = "llama3.1-8b-h100"
+    hw = DEFAULT_PROFILE
     rate = runs.doubling("swe", hw)
     policies = ("vllm", "continuum", "cachettl")
     lines += [
@@ -238,7 +239,7 @@ def _turns_study(runs: _Runs, lines: list[str]) -> dict[str, object]:
 
 
 def _ablation_study(runs: _Runs, lines: list[str]) -> dict[str, object]:
-    hw = "llama3.1-8b-h100"
+    hw = DEFAULT_PROFILE
     out: dict[str, object] = {}
     for workload in ("swe", "bfcl"):
         r2 = runs.doubling(workload, hw)

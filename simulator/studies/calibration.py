@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from estimator import HardwareProfile, get_profile
+from estimator import DEFAULT_PROFILE, HardwareProfile, get_profile
 from simulator.steptime import StepTimer
 from simulator.trace import Program, Turn
 
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 #: The cost-model profile the hook starts from (``HookConfig.profile``).
-HOOK_PROFILE = "llama3.1-8b-h100"
+HOOK_PROFILE = DEFAULT_PROFILE
 #: The hook learns a prefill timing from steps of at least this many tokens.
 _MIN_PREFILL_TOKENS = 64
 LOG_ENV = "CACHETTL_STEP_LOG"

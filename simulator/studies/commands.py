@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-DEFAULT_HARDWARE = "llama3.1-8b-h100"
+from estimator import DEFAULT_PROFILE
+
+DEFAULT_HARDWARE = DEFAULT_PROFILE
 
 
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:

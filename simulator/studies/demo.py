@@ -26,7 +26,7 @@ from controlplane.wire import seconds
 from enginehook.core.lifecycle import FinishedTurn
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
 from enginehook.link.remote import to_program_end, to_tool_call
-from estimator import Decision, RequestFacts
+from estimator import DEFAULT_PROFILE, Decision, RequestFacts
 from simulator.policies import Cachettl
 
 __all__ = ["RemotePolicy", "register", "running_control_plane"]
@@ -42,7 +42,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--programs", type=int, default=150, help="programs to replay")
     parser.add_argument("--rate", type=float, default=0.068, help="program arrivals per second")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--hardware", default="llama3.1-8b-h100")
+    parser.add_argument("--hardware", default=DEFAULT_PROFILE)
     parser.add_argument("--baselines", default=BASELINES, help="policies to compare against")
     parser.add_argument("--db", default=None, help="database URL (default: a temporary SQLite)")
     parser.set_defaults(handler=_run)

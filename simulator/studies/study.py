@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from estimator import DEFAULT_PROFILE
 from simulator.engine import EngineConfig
 from simulator.families import study_workloads
 from simulator.metrics import PolicyMetrics, isolated_jct
@@ -37,7 +38,7 @@ __all__ = [
     "variants",
 ]
 
-HARDWARE = "llama3.1-8b-h100"
+HARDWARE = DEFAULT_PROFILE
 
 #: The reference row: ``vllm`` on a KV pool nothing is ever evicted from, so every turn
 #: hits its prefix and no request waits for memory. Only compute is shared; no retention
