@@ -197,3 +197,14 @@ def test_bench_cluster_writes_verdicts_and_rerenders_them(
     capsys.readouterr()
     assert main([*args, "--ours", "ttl-aware", "--out", str(out)]) == 2
     assert "expected ROUTER+RETENTION, got 'ttl-aware'" in capsys.readouterr().err
+
+
+def test_program_scheduling_holds_turns_at_admission_and_survives_its_home_leaving() -> None:
+    programs = generate("bfcl", 40, 1.0, 1)
+    leave = [TopologyChange(20.0, "remove", 0)]
+    free = simulate_cluster(programs, "program-scheduling", "vllm", 2, topology=leave)
+    tight = "program-scheduling(capacity_share=0.1,stats_window=5)"
+    held = simulate_cluster(programs, tight, "vllm", 2, topology=leave)
+    assert len(free.programs) == len(held.programs) == 40
+    # a tenth of the pool per target: turns wait in the router, first turns included
+    assert held.figures()["first_turn_wait_p90_s"] > 2 * free.figures()["first_turn_wait_p90_s"]
