@@ -39,10 +39,12 @@ def test_the_pin_goes_at_once_and_the_call_has_its_true_duration() -> None:
     _turn(c, 0.0)  # finishes at 1.0, calls bash, pinned for 30 s
     assert c.pinned("p")
     pin = c.moved_away("p", arrived_at=3.5)  # its next turn arrived elsewhere at 3.5
-    assert pin is not None and not c.pinned("p")
+    assert pin is not None
+    assert not c.pinned("p")
     assert host.freed == [("p", "moved")]
     [call] = _tool_calls(host)
-    assert call.tool_name == "bash" and call.duration_s == 2.5
+    assert call.tool_name == "bash"
+    assert call.duration_s == 2.5
 
 
 def test_a_later_return_here_is_a_new_program_not_one_long_tool_call() -> None:
