@@ -269,10 +269,11 @@ def start_vllm(
     eager: bool = True,
     max_model_len: int = 4096,
     extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """vLLM's OpenAI server for ``model`` on ``port`` (prefix caching, blocks of 32 tokens);
     the CacheTTL scheduler configured by ``hook``, or stock vLLM when ``hook`` is None;
-    ``extra_args`` last (e.g. ``--middleware``).
+    ``extra_args`` last (e.g. ``--middleware``); ``env``: variables set for the server.
     ``dev_mode``: vLLM's development endpoints (``POST /reset_prefix_cache``). ``eager``:
     no torch.compile (vLLM's compile cache is keyed by the whole config, hook settings
     included, so each new setting would compile for minutes on a small CPU)."""
@@ -291,12 +292,12 @@ def start_vllm(
         args += ["--scheduler-cls", hook_scheduler_cls()]
         args += ["--additional-config", json.dumps({"cachettl": hook})]
     args += extra_args
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
+    environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     if dev_mode:
-        env["VLLM_SERVER_DEV_MODE"] = "1"
+        environ["VLLM_SERVER_DEV_MODE"] = "1"
     with log.open("wb") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=environ)
 
 
 def vllm_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> bool:

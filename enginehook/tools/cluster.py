@@ -73,6 +73,7 @@ class ClusterEngine:
     work: Path
     hook: dict[str, Any] | None
     blocks: int = 96
+    max_model_len: int = 2048
     env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
@@ -110,7 +111,7 @@ class ClusterEngine:
             hook=hook,
             blocks=self.blocks,
             served_name="tiny",
-            max_model_len=2048,
+            max_model_len=self.max_model_len,
             extra_args=(*MIDDLEWARE, "--enable-scale-out"),
             env=self.env,
         )

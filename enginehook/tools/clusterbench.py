@@ -1,0 +1,232 @@
+"""``cachettl bench cluster --real``: stock engines against hook engines behind the same
+vllm-router, in one run, on this machine's CPU.
+
+The engine bench's agent trace (:func:`enginehook.tools.bench.make_trace`, the saturated
+regime: arrivals and tool gaps × 0.1) is replayed through vllm-router by real clients (the
+``openai`` package, one thread per program, ``X-Session-ID`` on every turn, streamed so the
+first token's wait is seen), first against two stock engines, then against two engines with
+the hook and one control plane, under each router policy asked for, ``runs`` times each with
+the engines' prefix caches reset in between. Reports per policy and run: mean and P90 JCT,
+new programs' first-turn wait P90, the prefix-hit share, and the hook/stock ratios with
+their median over runs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from enginehook.tools.agentrun import ControlPlaneProcess, free_port, wait_for
+from enginehook.tools.bench import BenchConfig, BenchProgram, BenchResult, make_trace
+from enginehook.tools.cluster import ClusterEngine, Router
+
+__all__ = ["RealClusterConfig", "run_real_cluster"]
+
+_VOCAB = (9, 2000)  # the tiny tokenizer's plain-word ids, as the engine bench draws them
+
+
+@dataclass
+class RealClusterConfig:
+    """What to run (defaults: the figures in enginehook/README.md, "Cluster")."""
+
+    policies: tuple[str, ...] = ("sticky_least_loaded", "cache_aware")
+    engines: int = 2
+    runs: int = 3
+    compress: float = 0.1
+    trace: BenchConfig = field(
+        default_factory=lambda: BenchConfig(programs=32, arrival_window_s=20.0, blocks=160)
+    )
+    work: str = ""
+    model_dir: str = ""
+
+
+def _program(base_url: str, program: BenchProgram, seed: int, out: BenchResult) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600)
+    rng = random.Random(f"{seed}-{program.pid}")
+    started = time.monotonic()
+    context: list[int] = []
+    for k, turn in enumerate(program.turns):
+        context += [rng.randrange(*_VOCAB) for _ in range(turn.input_tokens)]
+        last = k == len(program.turns) - 1
+        hints = {"last_turn": 1} if last else {"tool": "bash", "tool_args": turn.tool_args}
+        submitted = time.monotonic()
+        first: float | None = None
+        usage: Any = None
+        stream = client.completions.create(
+            model="tiny",
+            prompt=context,
+            max_tokens=turn.output_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True, "vllm_xargs": hints},
+            extra_headers={"X-Session-ID": program.pid},
+        )
+        for chunk in stream:
+            if first is None and chunk.choices:
+                first = time.monotonic()
+            if chunk.usage is not None:
+                usage = chunk.usage
+        if k == 0 and first is not None:
+            out.first_wait_s.append(first - submitted)
+        details = getattr(usage, "prompt_tokens_details", None) if usage else None
+        out.prompt_tokens += len(context)
+        out.cached_tokens += int(getattr(details, "cached_tokens", 0) or 0)
+        # The engine's own output tokens are not returned on this path: the context grows by
+        # as many tokens of the same vocabulary, so the next prompt re-reads a prefix of the
+        # same length (the last partial block misses alike on both arms).
+        context += [rng.randrange(*_VOCAB) for _ in range(turn.output_tokens)]
+        if not last:
+            time.sleep(turn.tool_s)
+    out.jct_s.append(time.monotonic() - started)
+
+
+def _replay(base_url: str, trace: list[BenchProgram], seed: int) -> BenchResult:
+    result = BenchResult()
+    lock = threading.Lock()
+
+    def run(program: BenchProgram) -> None:
+        time.sleep(program.arrival_s)
+        mine = BenchResult()
+        _program(base_url, program, seed, mine)
+        with lock:
+            result.jct_s += mine.jct_s
+            result.first_wait_s += mine.first_wait_s
+            result.prompt_tokens += mine.prompt_tokens
+            result.cached_tokens += mine.cached_tokens
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in trace]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    result.wall_s = time.monotonic() - started
+    if len(result.jct_s) != len(trace):
+        raise RuntimeError(f"{len(trace) - len(result.jct_s)} programs failed; see the logs")
+    return result
+
+
+def _reset(engines: list[ClusterEngine]) -> None:
+    for engine in engines:
+        request = urllib.request.Request(f"{engine.url}/reset_prefix_cache", method="POST")
+        with urllib.request.urlopen(request, timeout=60):
+            pass
+
+
+def _arm(
+    config: RealClusterConfig, model: Path, work: Path, hook: dict[str, Any] | None
+) -> dict[str, list[dict[str, float]]]:
+    """Every policy's runs on one arm's engines (stock when ``hook`` is None)."""
+    trace = make_trace(config.trace, config.compress)
+    env = {"VLLM_SERVER_DEV_MODE": "1"}  # POST /reset_prefix_cache between runs
+    name = "hook" if hook is not None else "stock"
+    engines = [
+        ClusterEngine(
+            f"{name}{i}", model, work, hook, config.trace.blocks, max_model_len=4096, env=env
+        )
+        for i in range(config.engines)
+    ]
+    runs: dict[str, list[dict[str, float]]] = {}
+    try:
+        for engine in engines:
+            engine.start()
+        wait_for(lambda: all(e.ready() for e in engines), 900, f"the {name} engines")
+        for policy in config.policies:
+            router = Router(policy, [e.url for e in engines], work)
+            router.start()
+            try:
+                _replay(router.url, make_trace(BenchConfig(programs=2, seed=99), 0.01), 99)
+                for run in range(config.runs):
+                    _reset(engines)
+                    result = _replay(router.url, trace, config.trace.seed + run)
+                    runs.setdefault(policy, []).append(result.summary())
+                    print(f"{name} {policy} run {run}: {result.summary()}", flush=True)
+            finally:
+                router.stop()
+    finally:
+        for engine in engines:
+            engine.stop()
+    return runs
+
+
+def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
+    """Both arms, every policy, ``runs`` runs each; the report as a JSON-ready dict."""
+    from enginehook.tools.tinymodel import build_tiny_llama
+
+    work = Path(config.work or "out/cluster-real")
+    work.mkdir(parents=True, exist_ok=True)
+    model = build_tiny_llama(Path(config.model_dir or work / "tiny-llama"))
+    stock = _arm(config, model, work, None)
+    plane = ControlPlaneProcess(f"sqlite:///{work / 'cp.sqlite3'}", free_port(), work / "cp.log")
+    plane.start()
+    (work / "token").write_text(plane.token)
+    hook = {
+        "policy": config.trace.policy,
+        "policy_params": config.trace.policy_params,
+        "min_samples": config.trace.min_samples,
+        "control_plane": f"127.0.0.1:{plane.port}",
+        "token_file": str(work / "token"),
+    }
+    try:
+        ours = _arm(config, model, work, hook)
+    finally:
+        plane.stop()
+    report: dict[str, Any] = {"config": asdict(config), "policies": {}}
+    for policy in config.policies:
+        ratios = [
+            {
+                "mean_jct": h["mean_jct_s"] / s["mean_jct_s"],
+                "first_turn_wait_p90": h["first_turn_wait_p90_s"] / s["first_turn_wait_p90_s"],
+            }
+            for s, h in zip(stock[policy], ours[policy], strict=True)
+        ]
+        report["policies"][policy] = {
+            "stock": stock[policy],
+            "hook": ours[policy],
+            "ratios": ratios,
+            "median_mean_jct_ratio": statistics.median(r["mean_jct"] for r in ratios),
+            "median_wait_p90_ratio": statistics.median(r["first_turn_wait_p90"] for r in ratios),
+        }
+    return report
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as a Markdown table, one row per policy and run."""
+    lines = [
+        "| router policy | run | mean JCT stock / hook (s) | ratio | first-turn wait P90 "
+        "stock / hook (s) | ratio | prefix hits stock / hook |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for policy, figures in report["policies"].items():
+        for run, (s, h, r) in enumerate(
+            zip(figures["stock"], figures["hook"], figures["ratios"], strict=True)
+        ):
+            lines.append(
+                f"| {policy} | {run} | {s['mean_jct_s']:.2f} / {h['mean_jct_s']:.2f} | "
+                f"{r['mean_jct']:.2f} | {s['first_turn_wait_p90_s']:.2f} / "
+                f"{h['first_turn_wait_p90_s']:.2f} | {r['first_turn_wait_p90']:.2f} | "
+                f"{s['prefix_hit_share']:.0%} / {h['prefix_hit_share']:.0%} |"
+            )
+        lines.append(
+            f"| {policy} | median | | {figures['median_mean_jct_ratio']:.2f} | | "
+            f"{figures['median_wait_p90_ratio']:.2f} | |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict[str, Any], out: str) -> None:
+    """``OUT.json`` and ``OUT.md``."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_name(path.name + ".json").write_text(json.dumps(report, indent=2) + "\n")
+    path.with_name(path.name + ".md").write_text(markdown(report))
