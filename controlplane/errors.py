@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "MAX_MESSAGE_CHARS",
     "AuthenticationError",
     "ControlPlaneError",
     "InvalidInputError",
@@ -14,7 +15,24 @@ __all__ = [
     "StorageError",
     "TenantExistsError",
     "TenantNotFoundError",
+    "clip",
 ]
+
+#: Characters of an error message that reach a client or a log line at most.
+MAX_MESSAGE_CHARS = 500
+
+
+def clip(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``message`` cut to a short prefix that says how long it was: an error never echoes
+    a client's input whole (a value may be megabytes). Values inside a message are
+    quoted with ``kvhints.quote`` (a 40-character prefix).
+
+    >>> clip("ok")
+    'ok'
+    >>> clip("no tenant named " + "x" * 10_000, limit=20)
+    'no tenant named xxxx... (10016 characters)'
+    """
+    return message if len(message) <= limit else f"{message[:limit]}... ({len(message)} characters)"
 
 
 #: Trailing metadata key of an error that retrying the same request cannot cure (a limit

@@ -15,7 +15,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from controlplane import wire
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, ttl_pb2
-from controlplane.errors import InvalidInputError
+from controlplane.errors import MAX_MESSAGE_CHARS, InvalidInputError, clip
 from controlplane.kvhints import quote
 from controlplane.records import (
     LIMITS,
@@ -40,22 +40,6 @@ __all__ = [
     "quote",
     "tool_calls",
 ]
-
-#: Characters of an error message that reach a client or a log line at most.
-MAX_MESSAGE_CHARS = 500
-
-
-def clip(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """``message`` cut to a short prefix that says how long it was: an error never echoes
-    a client's input whole (a value may be megabytes). Values inside a message are
-    quoted with ``quote`` (a 40-character prefix).
-
-    >>> clip("ok")
-    'ok'
-    >>> clip("no tenant named " + "x" * 10_000, limit=20)
-    'no tenant named xxxx... (10016 characters)'
-    """
-    return message if len(message) <= limit else f"{message[:limit]}... ({len(message)} characters)"
 
 
 def check_name(field: str, value: str, limit_name: str, required: bool = True) -> str:

@@ -24,7 +24,9 @@ from controlplane.errors import (
     StorageError,
     TenantExistsError,
     TenantNotFoundError,
+    clip,
 )
+from controlplane.kvhints import quote
 from controlplane.records import (
     AppendResult,
     MissQuery,
@@ -42,7 +44,6 @@ from controlplane.records import (
 from controlplane.storage.base import SNAPSHOTS_KEPT, Store
 from controlplane.storage.migrate import check_schema
 from controlplane.storage.schema import program_ends, snapshots, tenants, tool_events
-from controlplane.validation import clip, quote
 
 __all__ = ["SqlStore", "make_engine", "transaction"]
 
