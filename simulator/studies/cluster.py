@@ -107,7 +107,10 @@ def calibrate(traces: list[list[Program]], seeds: Sequence[int], engines: int) -
     while slowdown(high) < 3.0:
         low, high = high, high * 2.0
         if high > 1000:
-            raise ValueError("round_robin + vllm never reaches slowdown 3")
+            raise ValueError(
+                f"round_robin + vllm never reaches slowdown 3 with {len(traces[0])} programs "
+                f"on {engines} engines: give more --programs or a --rate"
+            )
     for _ in range(5):
         middle = (low + high) / 2.0
         low, high = (middle, high) if slowdown(middle) < 3.0 else (low, middle)
