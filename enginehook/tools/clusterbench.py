@@ -40,9 +40,9 @@ class RealClusterConfig:
     engines: int = 2
     runs: int = 3
     compress: float = 0.1
-    trace: BenchConfig = field(
-        default_factory=lambda: BenchConfig(programs=32, arrival_window_s=20.0, blocks=160)
-    )
+    #: Two copies of the engine bench's load, one per engine: its trace doubled (48 programs
+    #: over the same 20 s) on two engines of its pool size (240 blocks).
+    trace: BenchConfig = field(default_factory=lambda: BenchConfig(programs=48, blocks=240))
     work: str = ""
     model_dir: str = ""
 

@@ -62,6 +62,19 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--scale-engines", type=int, default=64)
     p.add_argument("--scale-programs", type=int, default=20_000)
     p.add_argument("--scale-pair", default=OURS, help="ROUTER+RETENTION of the timed run")
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="instead: stock engines against hook engines behind vllm-router on this "
+        "machine's CPU (enginehook/tools/clusterbench.py); --out defaults to "
+        "results/cluster_real",
+    )
+    p.add_argument(
+        "--real-policies",
+        default="sticky_least_loaded,cache_aware",
+        help="--real: vllm-router policies",
+    )
+    p.add_argument("--real-runs", type=int, default=3, help="--real: runs per policy and arm")
     p.set_defaults(handler=_cluster)
 
 
@@ -254,7 +267,23 @@ def _plot(path: Any, summary: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def _real(args: argparse.Namespace) -> int:
+    from enginehook.tools.clusterbench import RealClusterConfig, markdown, run_real_cluster, write
+
+    policies = tuple(p for p in args.real_policies.split(",") if p)
+    if not policies or args.real_runs < 1:
+        raise ValueError("--real-policies must name a policy and --real-runs be >= 1")
+    report = run_real_cluster(RealClusterConfig(policies=policies, runs=args.real_runs))
+    report["command"] = "cachettl bench cluster " + shlex.join(sys.argv[3:])
+    out = args.out if args.out != "results/cluster" else "results/cluster_real"
+    write(report, out)
+    print(markdown(report))
+    return 0
+
+
 def _cluster(args: argparse.Namespace) -> int:
+    if args.real:
+        return _real(args)
     if args.scale:
         return _scale(args)
     if args.report:
