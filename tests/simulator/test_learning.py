@@ -55,3 +55,21 @@ def test_bad_arguments_name_the_flag(
 ) -> None:
     assert main(["bench", "learning", flag, value]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cachettl_takes_the_detector_and_the_drift_prior() -> None:
+    from simulator.engine import EngineConfig
+    from simulator.policies.base import get_scheduling_policy
+    from simulator.sim import Simulation
+    from simulator.workloads import generate
+
+    programs = generate("step(factor=6,at=0.5)", 20, rate=0.2, seed=1)
+    detectors = []
+    for spec in ("cachettl(detector=cusum,drift_prior=30)", "cachettl"):
+        policy = get_scheduling_policy(spec)
+        result = Simulation(programs, policy, "llama3.1-8b-h100", EngineConfig()).run()
+        assert len(result.programs) == 20
+        assert policy.models is not None
+        durations = policy.models.durations
+        detectors.append((durations.detector, durations.drift_prior))
+    assert detectors == [("cusum", 30.0), ("adwin", 0.0)]
