@@ -43,7 +43,7 @@ divergence check).
 0
 >>> t.arrived("p", 10.5)
 >>> ev = t.admitted("p", 10.6, pin_held=True)
->>> (ev.event_id, ev.duration_s, ev.outcome.label, round(ev.admission_delay_s, 3))
+>>> (ev.event_id, ev.duration_s, ev.pin_outcome.label, round(ev.admission_delay_s, 3))
 ('e1:p:0:0', 0.5, 'hit', 0.1)
 >>> ev.queue_delay_sample, event_from_record(event_record(ev)) == ev
 (False, True)
@@ -109,7 +109,8 @@ def outcome_of_release(reason: ReleaseReason) -> PinOutcome:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallEvent:
-    """One finished tool call, as reported to the control plane's ``RecordToolCalls``."""
+    """One finished tool call, as reported to the control plane's ``RecordToolCalls``; its
+    fields are named as the control plane's ``ToolCall`` names them."""
 
     event_id: str
     program_id: str
@@ -119,8 +120,8 @@ class ToolCallEvent:
     duration_s: float
     finished_at: float
     turn_index: int
-    ttl_s: float
-    outcome: PinOutcome
+    chosen_ttl_s: float
+    pin_outcome: PinOutcome
     admission_delay_s: float
     basis: str = ""
     #: What the returning turn found of this turn's cache (``UNSPECIFIED``: not observed).
@@ -129,7 +130,7 @@ class ToolCallEvent:
     @property
     def queue_delay_sample(self) -> bool:
         """Whether ``admission_delay_s`` is a sample of T (``PinOutcome.feeds_queue_delay``)."""
-        return self.outcome.feeds_queue_delay
+        return self.pin_outcome.feeds_queue_delay
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +141,7 @@ class ProgramEndEvent:
     program_id: str
     tenant: str
     total_turns: int
-    ended_at: float
+    finished_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,8 +409,8 @@ class ToolCallTracker:
             duration_s=pending.arrived_at - pending.finished_at,
             finished_at=pending.finished_at,
             turn_index=pending.turn_index,
-            ttl_s=pending.ttl_s,
-            outcome=outcome,
+            chosen_ttl_s=pending.ttl_s,
+            pin_outcome=outcome,
             admission_delay_s=max(0.0, now - pending.arrived_at),
             basis=pending.basis,
             cache=cache,
@@ -437,8 +438,8 @@ class ToolCallTracker:
             duration_s=max(0.0, arrived_at - pending.finished_at),
             finished_at=pending.finished_at,
             turn_index=pending.turn_index,
-            ttl_s=pending.ttl_s,
-            outcome=PinOutcome.UNSPECIFIED,
+            chosen_ttl_s=pending.ttl_s,
+            pin_outcome=PinOutcome.UNSPECIFIED,
             admission_delay_s=0.0,
             basis=pending.basis,
         )
@@ -508,25 +509,30 @@ def event_record(event: ToolCallEvent | ProgramEndEvent) -> dict[str, Any]:
     kind = "tool_call" if isinstance(event, ToolCallEvent) else "program_end"
     record: dict[str, Any] = {"kind": kind, **asdict(event)}
     if isinstance(event, ToolCallEvent):
-        record["outcome"] = event.outcome.label
+        record["pin_outcome"] = event.pin_outcome.label
         record["cache"]["reason"] = event.cache.reason.label
         record["cache"]["not_pinned_cause"] = event.cache.not_pinned_cause.label
     return record
 
 
 def event_from_record(record: Mapping[str, Any]) -> ToolCallEvent | ProgramEndEvent:
-    """The inverse of :func:`event_record` (also reads records of earlier releases, which
-    have no ``cache``)."""
-    data = dict(record)
+    """The inverse of :func:`event_record`. Also reads records of earlier releases (spill
+    files and event logs written before): without ``cache``, and with the keys the hook once
+    named otherwise (``ttl_s``, ``outcome``, ``ended_at``)."""
+    data = {_RENAMED.get(key, key): value for key, value in record.items()}
     kind = data.pop("kind")
     if kind == "program_end":
         return ProgramEndEvent(**data)
     if kind != "tool_call":
         raise ValueError(f"kind must be 'tool_call' or 'program_end', got {kind!r}")
-    data["outcome"] = PinOutcome.parse(data["outcome"])
+    data["pin_outcome"] = PinOutcome.parse(data["pin_outcome"])
     cache = dict(data.pop("cache", None) or {})
     if cache:
         cache["reason"] = MissReason.parse(cache.get("reason", 0))
         cache["not_pinned_cause"] = NotPinnedCause.parse(cache.get("not_pinned_cause", 0))
         data["cache"] = TurnCache(**cache)
     return ToolCallEvent(**data)
+
+
+#: Keys of records written by earlier releases -> today's field names.
+_RENAMED = {"ttl_s": "chosen_ttl_s", "outcome": "pin_outcome", "ended_at": "finished_at"}

@@ -94,8 +94,8 @@ def to_tool_call(event: ToolCallEvent) -> ToolCall:
         duration_s=event.duration_s,
         finished_at=event.finished_at,
         turn_index=event.turn_index,
-        chosen_ttl_s=event.ttl_s,
-        pin_outcome=event.outcome,
+        chosen_ttl_s=event.chosen_ttl_s,
+        pin_outcome=event.pin_outcome,
         admission_delay_s=event.admission_delay_s,
         cache=event.cache,
     )
@@ -103,7 +103,7 @@ def to_tool_call(event: ToolCallEvent) -> ToolCall:
 
 def to_program_end(event: ProgramEndEvent) -> ProgramEnd:
     """The control plane's record of a hook's program end (``RecordProgramEnd``)."""
-    return ProgramEnd(event.program_id, event.total_turns, event.ended_at)
+    return ProgramEnd(event.program_id, event.total_turns, event.finished_at)
 
 
 class ControlPlaneLink:

@@ -135,7 +135,7 @@ def _same(local: Decision, remote: TtlDecision) -> None:
 
 def test_the_control_plane_decides_as_the_engine_does(both) -> None:
     decider, client, events = both
-    outcomes = {e.outcome for e in events if isinstance(e, ToolCallEvent)}
+    outcomes = {e.pin_outcome for e in events if isinstance(e, ToolCallEvent)}
     assert outcomes == set(PinOutcome)  # every outcome is learned (or not) the same way
     bases, load_moved = set(), 0
     for tool, args, context, turns, offload, offloaded in FACTS:

@@ -155,7 +155,7 @@ def test_tool_calls_detected_from_the_models_own_output(finished):
 
 
 def test_pinned_turn_hits_on_the_next_turn(finished):
-    outcomes = [e["outcome"] for e in finished.calls()]
+    outcomes = [e["pin_outcome"] for e in finished.calls()]
     assert "hit" in outcomes, outcomes
     assert int(finished.metrics["cachettl_pinned_prefix_hits_total"]) == outcomes.count("hit")
     assert int(finished.metrics['cachettl_ttl_decisions_total{basis="fixed"}']) >= len(outcomes)
@@ -188,7 +188,7 @@ def test_tools_cli_lists_the_real_commands_with_ttls_that_fit_them(finished):
     tools = {t["tool_name"]: t for t in finished.cli("list")}
     assert set(tools) == {"bash"}, tools
     assert tools["bash"]["sample_count"] == len(calls)
-    assert tools["bash"]["pins"]["hits"] == sum(e["outcome"] == "hit" for e in calls)
+    assert tools["bash"]["pins"]["hits"] == sum(e["pin_outcome"] == "hit" for e in calls)
     # The commands, as the control plane keys them (the program a shell line runs).
     registry = SignatureRegistry()
     ran = {registry.signature("bash", e["tool_args"]) for e in calls}

@@ -39,8 +39,8 @@ def _call(i: int, program: str = "p", outcome: PinOutcome = PinOutcome.HIT) -> T
         duration_s=0.1 + i * 0.01,
         finished_at=1000.0 + i,
         turn_index=i,
-        ttl_s=2.0,
-        outcome=outcome,
+        chosen_ttl_s=2.0,
+        pin_outcome=outcome,
         admission_delay_s=0.01,
         basis="cold-start",
     )
@@ -265,7 +265,7 @@ def test_one_conversion_every_field_and_outcome_arrives(plane, tmp_path):
     assert stored["eng:old:8"].pin_outcome is PinOutcome.UNSPECIFIED
     for event in events:
         call = stored[event.event_id]
-        assert call.pin_outcome is event.outcome
+        assert call.pin_outcome is event.pin_outcome
         assert (call.chosen_ttl_s, call.admission_delay_s) == (2.0, 0.01)
         assert call.duration_s == pytest.approx(event.duration_s, abs=1e-9)
     assert plane.store.read_program_ends(0, 10)[0].end.total_turns == 9

@@ -65,7 +65,7 @@ def test_pinned_prefix_survives_churn_and_output_equals_recompute(driver, clock)
     events = [e for e in _events(driver) if e["program_id"] == "A"]
     tool_call = next(e for e in events if e["kind"] == "tool_call")
     assert tool_call["tool_name"] == "bash"
-    assert tool_call["outcome"] == "hit"
+    assert tool_call["pin_outcome"] == "hit"
     assert tool_call["duration_s"] == pytest.approx(2.5)
     end = next(e for e in events if e["kind"] == "program_end")
     assert end["total_turns"] == 2
@@ -88,8 +88,8 @@ def test_pin_expires_on_time(driver, clock):
     assert driver.scheduler.metrics.snapshot()["expiries"] >= 1
     driver.run("B-2", driver.words(50), 4, session="B", xargs={"last_turn": 1})
     event = [e for e in _events(driver) if e["program_id"] == "B" and e["kind"] == "tool_call"]
-    assert event[-1]["outcome"] == "expired"
-    assert event[-1]["ttl_s"] == 5.0
+    assert event[-1]["pin_outcome"] == "expired"
+    assert event[-1]["chosen_ttl_s"] == 5.0
 
 
 def test_overdue_pin_kept_while_next_turn_waits(driver, clock):

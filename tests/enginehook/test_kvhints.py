@@ -191,7 +191,7 @@ def test_a_release_frees_the_pin_at_once_and_its_turn_ends_the_program() -> None
     assert controller.admitted("p", 2.1).pin is None
     (event,) = host.events
     assert isinstance(event, ToolCallEvent)
-    assert event.outcome is PinOutcome.UNSPECIFIED  # like a program end: no outcome
+    assert event.pin_outcome is PinOutcome.UNSPECIFIED  # like a program end: no outcome
     finish = controller.finished(FinishedTurn("p", None, last_turn=True), 3.0, lambda: (4, "x"))
     assert (finish.took, finish.pinned) == (False, False)
     assert host.events[-1].total_turns == 2  # type: ignore[attr-defined]

@@ -36,8 +36,8 @@ def _call(i: int) -> ToolCallEvent:
         duration_s=0.5,
         finished_at=1000.0 + i,
         turn_index=i,
-        ttl_s=2.0,
-        outcome=PinOutcome.HIT,
+        chosen_ttl_s=2.0,
+        pin_outcome=PinOutcome.HIT,
         admission_delay_s=0.0,
     )
 

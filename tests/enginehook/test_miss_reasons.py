@@ -64,7 +64,8 @@ def _return(
     seen = CacheSeen(hit, prompt, hashes if hashes is not None else _hashes(12), BS)
     pin, turn = c.admitted("p", at + 0.1, seen)
     assert turn is not None
-    assert (pin is not None) == (turn.event is not None and turn.event.outcome is PinOutcome.HIT)
+    held = turn.event is not None and turn.event.pin_outcome is PinOutcome.HIT
+    assert (pin is not None) == held
     return turn.cache
 
 
@@ -76,7 +77,7 @@ def test_hit_when_the_pin_was_held_and_handed_over() -> None:
     (event,) = host.events
     assert isinstance(event, ToolCallEvent)
     assert event.cache == cache
-    assert event.outcome is PinOutcome.HIT
+    assert event.pin_outcome is PinOutcome.HIT
 
 
 def test_expired_records_by_how_much_the_return_came_after_the_expiry() -> None:
@@ -87,7 +88,7 @@ def test_expired_records_by_how_much_the_return_came_after_the_expiry() -> None:
     assert cache.reason is MissReason.EXPIRED
     assert cache.expired_by_s == pytest.approx(7.25 - 3.0)
     assert (cache.hit_tokens, cache.reusable_tokens, cache.diverged_at) == (0, 160, None)
-    assert host.events[-1].outcome is PinOutcome.EXPIRED  # type: ignore[attr-defined]
+    assert host.events[-1].pin_outcome is PinOutcome.EXPIRED  # type: ignore[attr-defined]
 
 
 def test_an_expired_pin_whose_blocks_the_prefix_cache_still_had_is_no_miss() -> None:
@@ -122,7 +123,7 @@ def test_not_pinned_names_its_cause(turn: FinishedTurn, ttl: float, cause: NotPi
     _first_turn(c, turn)
     cache = _return(c, 2.0, hit=32)
     assert (cache.reason, cache.not_pinned_cause) == (MissReason.NOT_PINNED, cause)
-    assert host.events[-1].outcome is PinOutcome.NOT_PINNED  # type: ignore[attr-defined]
+    assert host.events[-1].pin_outcome is PinOutcome.NOT_PINNED  # type: ignore[attr-defined]
 
 
 def test_a_pin_the_budget_refused_is_not_pinned_for_the_budget() -> None:
@@ -158,7 +159,7 @@ def test_diverged_at_the_first_token_of_the_first_differing_block() -> None:
     assert cache == TurnCache(
         MissReason.DIVERGED, diverged_at=64, hit_tokens=64, reusable_tokens=64
     )
-    assert host.events[-1].outcome is PinOutcome.HIT  # type: ignore[attr-defined]
+    assert host.events[-1].pin_outcome is PinOutcome.HIT  # type: ignore[attr-defined]
 
 
 def test_a_changed_system_prompt_diverges_at_token_zero_whatever_the_pin() -> None:

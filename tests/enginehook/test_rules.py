@@ -179,7 +179,7 @@ def test_the_lifecycle_of_one_program() -> None:
     assert pin.handle == "h"
     assert host.freed == [("p", "hit")]
     (event,) = host.events
-    assert (event.outcome.label, event.duration_s) == ("hit", 0.5)  # type: ignore[attr-defined]
+    assert (event.pin_outcome.label, event.duration_s) == ("hit", 0.5)  # type: ignore[attr-defined]
     controller.finished(FinishedTurn("p", None, last_turn=True), 3.0, lambda: (0, ""))
     assert host.events[-1].total_turns == 2  # type: ignore[attr-defined]
     assert controller.arrivals.first("p", -1.0) == -1.0  # forgotten
@@ -261,7 +261,7 @@ def test_an_abandoned_program_is_forgotten_and_its_end_reported() -> None:
     assert controller.forget_idle(100.0, idle_s=60.0) == ["s"]  # a step limit, say
     end = host.events[-1]
     assert isinstance(end, ProgramEndEvent)
-    assert (end.program_id, end.total_turns, end.ended_at) == ("s", 2, 3.0)
+    assert (end.program_id, end.total_turns, end.finished_at) == ("s", 2, 3.0)
     assert controller.attained_tokens("s") == 0  # forgotten: a later turn starts anew
     assert controller.forget_idle(200.0, idle_s=60.0) == []
 

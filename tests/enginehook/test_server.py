@@ -207,7 +207,7 @@ def test_pinned_agent_gets_cached_prefix_and_unpinned_does_not(stack):
     by_program: dict[str, list[str]] = {}
     for e in _events(stack):
         if e["kind"] == "tool_call":
-            by_program.setdefault(e["program_id"], []).append(e["outcome"])
+            by_program.setdefault(e["program_id"], []).append(e["pin_outcome"])
     assert by_program["agent-A"] == ["hit", "hit"]
     assert by_program["agent-B"] == ["not_pinned", "not_pinned"]
     lines = _metrics(stack)

@@ -454,8 +454,8 @@ def test_a_claude_code_sub_agent_keeps_its_parents_pin(server: Server) -> None:
     _chat(server, parent, {}, session, last=True)
     events = _ended(server, {"cc-run", "cc-run/explore-1"})
     calls = {e["program_id"]: e for e in events if e["kind"] == "tool_call"}
-    assert (calls["cc-run"]["tool_name"], calls["cc-run"]["outcome"]) == ("Agent", "hit")
-    assert (calls["cc-run/explore-1"]["tool_name"], calls["cc-run/explore-1"]["outcome"]) == (
+    assert (calls["cc-run"]["tool_name"], calls["cc-run"]["pin_outcome"]) == ("Agent", "hit")
+    assert (calls["cc-run/explore-1"]["tool_name"], calls["cc-run/explore-1"]["pin_outcome"]) == (
         "bash",
         "hit",
     )
@@ -518,7 +518,7 @@ def test_retention_actions_bound_the_pins_ttl(
     server: Server, program: str, first: dict[str, Any], ttl: float
 ) -> None:
     call = _tool_call(server, program, first, seed=len(program))
-    assert (call["ttl_s"], call["outcome"]) == (ttl, "hit")
+    assert (call["chosen_ttl_s"], call["pin_outcome"]) == (ttl, "hit")
 
 
 @pytest.mark.slow
@@ -543,7 +543,7 @@ def test_a_release_action_frees_the_sessions_pin_at_once(server: Server) -> None
     assert closed() == before + 1  # released on arrival, not handed over as a hit
     assert int(server.metrics()["cachettl_pins_held"]) == 0
     calls = [e for e in events if e["kind"] == "tool_call" and e["program_id"] == "released"]
-    assert [c["outcome"] for c in calls] == ["unspecified"]
+    assert [c["pin_outcome"] for c in calls] == ["unspecified"]
     # Dynamo's mark of a session's last request does the same.
     dynamo = {"X-Dynamo-Session-ID": "released-dynamo"}
     r = _chat(server, messages[:2], {"vllm_xargs": {"tool": "bash"}}, dynamo)
@@ -589,4 +589,4 @@ def test_a_program_named_by_agentic_context_is_pinned_for_its_ttl(server: Server
     _chat(server, messages, {"vllm_xargs": {"agentic_context": context}}, last=True)
     events = _ended(server, {program})
     (call,) = [e for e in events if e["kind"] == "tool_call" and e["program_id"] == program]
-    assert (call["ttl_s"], call["outcome"]) == (6.5, "hit")
+    assert (call["chosen_ttl_s"], call["pin_outcome"]) == (6.5, "hit")

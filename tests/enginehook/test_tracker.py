@@ -30,7 +30,7 @@ def test_duration_is_next_arrival_minus_finish_and_hit_is_not_a_queue_sample():
     assert t.returning("p")
     ev = t.admitted("p", 2.0, pin_held=True)
     assert ev is not None
-    assert (ev.duration_s, ev.outcome, ev.admission_delay_s) == (0.75, PinOutcome.HIT, 0.25)
+    assert (ev.duration_s, ev.pin_outcome, ev.admission_delay_s) == (0.75, PinOutcome.HIT, 0.25)
     assert not ev.queue_delay_sample
     assert t.admitted("p", 3.0, pin_held=False) is None
 
@@ -42,7 +42,7 @@ def test_expired_pin_gives_a_queue_delay_sample():
     t.arrived("p", 3.0)
     ev = t.admitted("p", 3.5, pin_held=False)
     assert ev is not None
-    assert ev.outcome is PinOutcome.EXPIRED
+    assert ev.pin_outcome is PinOutcome.EXPIRED
     assert ev.queue_delay_sample
     assert ev.admission_delay_s == 0.5
 
@@ -65,7 +65,7 @@ def test_outcomes(pinned, reason, outcome):
     t.arrived("p", 1.0)
     ev = t.admitted("p", 1.0, pin_held=False)
     assert ev is not None
-    assert ev.outcome is outcome
+    assert ev.pin_outcome is outcome
     # T learns from known releases only, on the hook as on the control plane.
     assert ev.queue_delay_sample is (outcome is not PinOutcome.UNSPECIFIED)
 
@@ -96,13 +96,13 @@ def test_json_form_round_trips_with_the_outcome_by_label(outcome):
         duration_s=0.5,
         finished_at=1.0,
         turn_index=0,
-        ttl_s=2.0,
-        outcome=outcome,
+        chosen_ttl_s=2.0,
+        pin_outcome=outcome,
         admission_delay_s=0.1,
         basis="tool",
     )
     line = json.dumps(event_record(ev))
-    assert json.loads(line)["outcome"] == outcome.name.lower()
+    assert json.loads(line)["pin_outcome"] == outcome.name.lower()
     assert event_from_record(json.loads(line)) == ev
     end = ProgramEndEvent("e:p:end", "p", "t", 3, 9.0)
     assert event_from_record(json.loads(json.dumps(event_record(end)))) == end
@@ -126,8 +126,13 @@ def test_records_of_earlier_releases_still_read():
     }
     event = event_from_record(old)
     assert isinstance(event, ToolCallEvent)
-    assert event.outcome is PinOutcome.RELEASED_UNDER_PRESSURE
-    assert event_from_record({**old, "outcome": "other"}).outcome is PinOutcome.UNSPECIFIED  # type: ignore[union-attr]
+    assert event.pin_outcome is PinOutcome.RELEASED_UNDER_PRESSURE
+    assert event_from_record({**old, "outcome": "other"}).pin_outcome is PinOutcome.UNSPECIFIED  # type: ignore[union-attr]
+    assert event.chosen_ttl_s == 2.0
+    end = {"kind": "program_end", "event_id": "e:p:end", "program_id": "p", "tenant": "t"}
+    assert event_from_record({**end, "total_turns": 3, "ended_at": 9.0}) == ProgramEndEvent(
+        "e:p:end", "p", "t", 3, 9.0
+    )
     with pytest.raises(ValueError, match="unknown pin outcome 'lost'; valid: unspecified, hit"):
         event_from_record({**old, "outcome": "lost"})
     with pytest.raises(ValueError, match="kind must be 'tool_call' or 'program_end'"):
@@ -191,7 +196,7 @@ def test_forget_idle_bounds_memory():
     t.arrived("back", 50.0)
     (end,) = t.forget_idle(100.0, idle_s=60.0)
     # An abandoned program ended where its last turn finished, after the turns it was served.
-    assert (end.program_id, end.total_turns, end.ended_at) == ("gone", 1, 0.0)
+    assert (end.program_id, end.total_turns, end.finished_at) == ("gone", 1, 0.0)
     assert t.turns_served("gone") == 0
     assert t.returning("back")
 

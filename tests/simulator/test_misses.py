@@ -62,13 +62,13 @@ def test_reasons_agree_with_the_pins_story(static_ttl) -> None:
     events, _ = static_ttl
     for e in events:
         cache = e.cache
-        if e.outcome is PinOutcome.HIT:
+        if e.pin_outcome is PinOutcome.HIT:
             assert cache.reason is MissReason.HIT  # a pin here holds the whole prefix
             assert cache.hit_tokens == cache.reusable_tokens
-        if e.outcome is PinOutcome.EXPIRED:
+        if e.pin_outcome is PinOutcome.EXPIRED:
             assert cache.reason in (MissReason.EXPIRED, MissReason.PREFIX_CACHE)
             assert cache.expired_by_s is not None
-            assert cache.expired_by_s == pytest.approx(e.duration_s - e.ttl_s, abs=1e-9)
+            assert cache.expired_by_s == pytest.approx(e.duration_s - e.chosen_ttl_s, abs=1e-9)
             assert cache.expired_by_s > 0
         else:
             assert cache.expired_by_s is None
