@@ -1,7 +1,7 @@
 """Generalisation workloads: traces of kinds the estimator and the rules were not tuned on.
 
 Every family starts from a base of seven shell invocations with log-normal durations of
-different spreads (``_base_spec``; SWE-like turn counts and tokens) and changes
+different spreads (``base_spec``; SWE-like turn counts and tokens) and changes
 one thing about the durations, or, for ``tracelab``, follows published statistics of
 coding sessions. Programs keep their arrival order (arrivals are drawn afterwards at the
 rate asked for), so "at a point of the run" is a share of the programs.
@@ -39,6 +39,7 @@ __all__ = [
     "STEP_FACTORS",
     "TUNING_SEEDS",
     "Family",
+    "base_spec",
     "generate_family",
     "is_family",
     "parse_family",
@@ -55,7 +56,8 @@ STEP_FACTORS: tuple[float, ...] = (1 / 8, 1 / 4, 1 / 2, 2.0, 4.0, 6.0, 8.0)
 Params = dict[str, float]
 
 
-def _base_spec() -> WorkloadSpec:
+def base_spec() -> WorkloadSpec:
+    """The families' base: seven shell invocations with log-normal durations."""
     invocations = (
         Invocation("bash", ("ls -la {d}",), 0.20, 0.01, 0.5, 1.5),
         Invocation("bash", ("grep -rn '{w}' {d}",), 0.20, 0.05, 0.9, 4.0),
@@ -81,7 +83,7 @@ def _base_spec() -> WorkloadSpec:
 
 
 def _programs(name: str, n: int, seed: int, spec: WorkloadSpec | None = None) -> list[Program]:
-    spec = spec or _base_spec()
+    spec = spec or base_spec()
     rng = random.Random(f"family:{name}:{seed}")
     return [
         dataclasses.replace(draw_program(spec, i, rng), program_id=f"{name}-{i}") for i in range(n)
@@ -182,7 +184,7 @@ def _pareto_draw(rng: random.Random, median: float, alpha: float, cap: float) ->
 
 def _pareto(n: int, seed: int, params: Params) -> list[Program]:
     rng = random.Random(f"pareto:{seed}")
-    spec = _base_spec()
+    spec = base_spec()
     medians = {i.args[0].split()[0]: i.median_s for i in spec.invocations}
     alpha = params["alpha"]
     alphas = {k: alpha or rng.choice((1.1, 1.3, 1.6, 2.0)) for k in medians}

@@ -38,7 +38,7 @@ from estimator.cost import CostModel
 from estimator.hierarchy import DurationHierarchy
 from estimator.models import Models
 from estimator.profiles import get_profile
-from simulator.families import FAMILIES, _base_spec
+from simulator.families import FAMILIES, base_spec
 from simulator.studies.seeds import parse_seeds
 from simulator.studies.study import HARDWARE, PEERS, Study, output_path
 
@@ -82,7 +82,7 @@ class Curve:
 
 def _invocations() -> list[tuple[str, float, float, float]]:
     """(args, weight, median_s, sigma) of the families' base invocations."""
-    return [(i.args[0], i.weight, i.median_s, i.sigma) for i in _base_spec().invocations]
+    return [(i.args[0], i.weight, i.median_s, i.sigma) for i in base_spec().invocations]
 
 
 def _models(hierarchy: dict[str, Any], window: int = 2000) -> Models:
