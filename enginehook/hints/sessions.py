@@ -63,7 +63,9 @@ the key.
 
 Every answer to a request the middleware reads names the engine that gave it in the
 ``X-CacheTTL-Engine`` header (``$CACHETTL_ENGINE_NAME``, else the server's ``host:port``), so
-that a client behind a router sees where each turn ran.
+that a client behind a router sees where each turn ran; a non-streaming JSON reply also says
+what the engine pinned (:mod:`enginehook.hints.replies`: ``X-CacheTTL-Pinned`` and the pin's
+TTL, expiry and tokens).
 
 A request that ends its session (a ``last_turn`` or ``release`` hint, flat or in its
 envelope, or the Dynamo header below) is reported, once answered, to the routers named in
@@ -100,6 +102,7 @@ from typing import Any
 from controlplane.kvhints import XARGS_KEY, HintError, parse_kv_hints, quote, within_depth
 from enginehook.hints import agentic
 from enginehook.hints.flat import Hints, control_character, request_hints
+from enginehook.hints.replies import pin_headers_send
 from enginehook.hints.routers import RouterNotifier
 
 __all__ = [
@@ -396,6 +399,7 @@ class SessionIdMiddleware:
             await _bad_request(send, exc)
             return
         send = _naming_engine(send, self.engine or _server(scope))
+        send = pin_headers_send(send, self.max_body_bytes)
         if body is None or not (changed or header):
             await self.app(scope, _replay(messages, receive), send)
         else:

@@ -15,6 +15,8 @@ vLLM's narrow hooks to it:
 - ``schedule``: expire pins first, order the waiting queue by the controller's key, then
   hand each admitted request's pin over to its prefix hit;
 - ``_free_blocks``: a finished turn that ends in a tool call may be pinned;
+- ``_free_request``: the decision goes back in the turn's ``kv_transfer_params``
+  (:mod:`enginehook.hints.replies`), which vLLM writes into the non-streaming reply;
 - ``kv_cache_manager.allocate_slots`` (wrapped): release pins under memory pressure;
 - ``reset_prefix_cache`` / ``shutdown``: release every pin first.
 
@@ -43,6 +45,7 @@ from enginehook.core.lifecycle import PinController
 from enginehook.core.pins import Pin, ReleaseReason
 from enginehook.core.tracker import CacheSeen
 from enginehook.hints.flat import Hints
+from enginehook.hints.replies import REPLY_KEY, pin_reply
 from enginehook.link.coherence import CoherenceLink
 from enginehook.vllm.blocks import take_pinned_blocks
 from enginehook.vllm.compat import check_engine, passthrough_reason
@@ -285,6 +288,49 @@ class CacheTTLMixin:
             self._pool.free_blocks(reversed(finish.handle))
         del self.requests[request.request_id]
         self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's ``_free_request``, whose ``kv_transfer_params`` (the connector's, if
+        any) gain :data:`~enginehook.hints.replies.REPLY_KEY` when the hook decided this
+        turn's pin in the ``_free_blocks`` it calls (after the connector's
+        ``request_finished``); a turn whose blocks the connector keeps for now, or that the
+        hook did not look at, gains nothing."""
+        before = None
+        try:
+            before = self._pin_before(request)
+        except Exception as exc:
+            self._fault("free_request", request.request_id, exc)
+        params, ec_params = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+        if before is None:
+            return params, ec_params
+        try:
+            decided = self._pin_decided(request, before)
+        except Exception as exc:
+            self._fault("free_request", request.request_id, exc)
+            return params, ec_params
+        if decided is None:
+            return params, ec_params
+        return {**(params or {}), REPLY_KEY: decided}, ec_params
+
+    def _pin_before(self, request: Request) -> int | None:
+        """The generation of the program's pin before the turn's blocks are freed (0: no
+        pin), or ``None`` when the hook will not decide a pin for this turn."""
+        if not (self.active and request.session_id and request.status in _PINNABLE):
+            return None
+        pin = self.pins.get(request.session_id)
+        return pin.generation if pin is not None else 0
+
+    def _pin_decided(self, request: Request, before: int) -> dict[str, Any] | None:
+        """The decision for the reply: a pin taken since ``before`` (pin generations only
+        grow), else not pinned; ``None`` while the request still holds its blocks."""
+        if request.request_id in self.requests:
+            return None  # a KV connector delays the free: the decision comes later
+        assert request.session_id is not None
+        engine = self.services.engine_id
+        pin = self.pins.get(request.session_id)
+        if pin is None or pin.generation == before:
+            return pin_reply(engine)
+        return pin_reply(engine, pin.ttl_s, pin.expires_at, self.pinned_tokens(pin))
 
     def _finished(self, request: Request, taken: list[bool]) -> Any:
         """The controller's part of a finished turn (``taken`` gets an entry once its
