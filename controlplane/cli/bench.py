@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,15 +31,25 @@ from typing import Any
 
 import numpy as np
 
+from controlplane.cli.pgschema import drop_schema as _drop_schema
+from controlplane.cli.pgschema import pg_schema_url as _pg_schema_url
+
 __all__ = ["register_bench"]
 
 PG_DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 def register_bench(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = bench.add_parser("controlplane", help="DecideTtl latency/rate and ingest rate")
-    p.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
+    from controlplane.cli.linkbench import add_link_flags
+
+    p = bench.add_parser(
+        "controlplane", help="DecideTtl latency/rate and ingest rate; with --links, engine links"
+    )
+    p.add_argument(
+        "--seconds", type=float, default=None, help="length of each phase (4; --links: 20)"
+    )
     p.add_argument("--postgres", default=PG_DEFAULT, metavar="URL", help="'' to skip")
+    add_link_flags(p)  # --links N: controlplane.cli.linkbench
     p.set_defaults(handler=_run)
 
 
@@ -247,28 +256,6 @@ def _direct_decide_rate(seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
-def _pg_schema_url(base: str) -> tuple[str, Any]:
-    from sqlalchemy import create_engine, text
-
-    from controlplane.storage.sql import normalize_url
-
-    schema = f"bench_{os.getpid()}_{int(time.time())}"
-    engine = create_engine(normalize_url(base), isolation_level="AUTOCOMMIT")
-    with engine.connect() as c:
-        c.execute(text(f"CREATE SCHEMA {schema}"))
-    sep = "&" if "?" in base else "?"
-    return f"{base}{sep}options=-csearch_path%3D{schema}", (engine, schema)
-
-
-def _drop_schema(handle: Any) -> None:
-    from sqlalchemy import text
-
-    engine, schema = handle
-    with engine.connect() as c:
-        c.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
-    engine.dispose()
-
-
 def _ingest_phase(name: str, url: str, seconds: float) -> None:
     token, _ = _prepare(url, 100)
     with _server(url) as target:
@@ -338,7 +325,11 @@ def _pg_round_trips(url: str, seconds: float) -> tuple[float, float]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    seconds = float(args.seconds)
+    if args.links:
+        from controlplane.cli.linkbench import run_links
+
+        return run_links(args, 20.0 if args.seconds is None else float(args.seconds))
+    seconds = 4.0 if args.seconds is None else float(args.seconds)
     if not 0.5 <= seconds <= 120:
         raise ValueError("--seconds must be in 0.5..120")
     with tempfile.TemporaryDirectory() as tmp:
