@@ -5,7 +5,8 @@ PostgreSQL, or two replicas on one PostgreSQL schema (each tails the shared log)
 a tenant, and runs N engine links as real gRPC clients
 (:class:`controlplane.rpc.client.ControlPlaneClient`, one channel per link). Each link, as
 an engine hook does (``enginehook.link``), every ``--flush`` seconds sends a batch of tool
-calls (``RecordToolCalls``, ``--link-rate`` events/s) and reports the batch's turn arrivals
+calls (``RecordToolCalls``, ``--link-rate`` events/s; a link whose previous batch is not yet
+acknowledged sends everything due in one, larger batch) and reports the batch's turn arrivals
 (``PinCoherenceService.ReportArrivals``; 2 % of them are programs of the next link, so some
 are moves), and follows a ``WatchSnapshots`` stream. With two replicas, even links talk to
 replica A, odd ones to replica B. The links run as threads (a sender and a stream reader
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -56,6 +58,7 @@ TOOLS = (
 SEED_EVENTS = 120
 MOVE_SHARE = 0.02
 PROGRAMS_PER_LINK = 16
+MAX_BATCH = 500  # the hook's batch_events (enginehook.link.remote)
 READY_DEADLINE_S = 120.0
 CONVERGE_DEADLINE_S = 60.0
 SETUP_CHOICES = ("sqlite:1", "postgres:1", "postgres:2")
@@ -111,6 +114,8 @@ def _check(args: argparse.Namespace, seconds: float) -> tuple[LoadConfig, list[s
         raise ValueError("--setups: name at least one setup")
     if any(s.startswith("postgres") for s in setups) and not args.postgres:
         raise ValueError("--setups names postgres but --postgres is ''")
+    if args.link_rate * args.flush > MAX_BATCH:
+        raise ValueError(f"--link-rate x --flush must be at most {MAX_BATCH} events a batch")
     procs = min(args.client_procs, args.links)
     return LoadConfig(args.links, seconds, args.link_rate, args.flush, procs), setups
 
@@ -236,24 +241,28 @@ class _Link:
                 self.record.stream_error = str(error.code())
 
     def send(self, start_at: float, cfg: LoadConfig) -> None:
-        b = 0
-        while start_at + b * cfg.flush_s < start_at + cfg.seconds:
-            delay = start_at + b * cfg.flush_s - time.monotonic()
+        """``cfg.batch`` events are due every ``cfg.flush_s``; as the hook's flush does, a
+        link behind its schedule sends everything due in one batch (up to MAX_BATCH)."""
+        ticks, k = math.ceil(cfg.seconds / cfg.flush_s - 1e-9), 0
+        while k < ticks:
+            delay = start_at + k * cfg.flush_s - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            self._batch(b, cfg)
-            b += 1
+            due = min(ticks, int((time.monotonic() - start_at) / cfg.flush_s) + 1)
+            n = max(1, min(due - k, MAX_BATCH // cfg.batch))
+            self._batch(k, n * cfg.batch, cfg)
+            k += n
 
-    def _batch(self, b: int, cfg: LoadConfig) -> None:
+    def _batch(self, b: int, n: int, cfg: LoadConfig) -> None:
         import grpc
 
         from controlplane.records import ToolCall
 
-        n, i = cfg.batch, self.record.index
+        i = self.record.index
         calls, arrivals, foreign = [], [], 0
         for k in range(n):
             tool, signatures = TOOLS[self.rng.randrange(len(TOOLS))]
-            program = f"l{i}-p{(b * n + k) % PROGRAMS_PER_LINK}"
+            program = f"l{i}-p{(b * cfg.batch + k) % PROGRAMS_PER_LINK}"
             duration = self.rng.lognormvariate(0.0, 1.0)
             calls.append(
                 ToolCall(f"l{i}-{b}-{k}", program, tool, self.rng.choice(signatures), duration)

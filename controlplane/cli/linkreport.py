@@ -169,7 +169,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['load_before']:.1f} before, {report['load_after']:.1f} after.",
         "",
         f"{c['links']} links, each a gRPC channel: a batch of {c['batch']} tool calls every "
-        f"{c['flush_s']} s ({c['link_rate']} events/s) plus its turn arrivals "
+        f"{c['flush_s']} s ({c['link_rate']} events/s; what falls due while a batch waits for "
+        "its acknowledgement goes in the next, larger batch) plus its turn arrivals "
         f"(ReportArrivals), and a WatchSnapshots stream; {c['seconds']} s of load, run by "
         f"{c['client_procs']} client processes (threads inside).",
         "",

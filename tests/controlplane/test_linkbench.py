@@ -55,14 +55,14 @@ def test_links_bench_converges_on_every_link(tmp_path: Path) -> None:
         batches = LINKS * BATCHES_PER_LINK
         assert s["errors"] == {}
         assert s["stream_errors"] == []
-        assert s["batches"] == batches
+        assert 0 < s["batches"] <= batches  # a link behind its schedule merges batches
         assert s["events_accepted"] == batches * BATCH
         assert s["arrivals_reported"] == batches * BATCH
         assert s["links_converged"] == LINKS
         assert s["convergence_missing"] == 0
         lags = s["convergence_lag_s"]
         assert set(lags) == pairs[s["setup"]] | {"all"}
-        assert lags["all"]["n"] == batches
+        assert lags["all"]["n"] == s["batches"]
         for lag in lags.values():
             assert math.isfinite(lag["max"])
             assert -1.0 < lag["p50"] <= lag["max"] < 30.0
