@@ -95,6 +95,13 @@ PARTS = (
         (*_CORE, "enginehook hints", "enginehook link", "cp vocabulary", "estimator"),
     ),
     Part("enginehook tools", ("enginehook.tools",), ("*",)),
+    # TTL-aware routing in a router's extension point (Ray Serve's RequestRouter).
+    Part(
+        "enginehook routing",
+        ("enginehook.routing",),
+        (*_CORE, *_CONTROLPLANE, "estimator"),
+        forbid=("vllm",),
+    ),
     # ``enginehook`` itself re-exports the core and the flat hints; ``enginehook.sessions``
     # is the stable path vLLM's --middleware flag names.
     Part("enginehook face", ("enginehook",), ("enginehook core", "enginehook hints"), ("vllm",)),

@@ -1,0 +1,32 @@
+"""TTL-aware routing in a router's own extension point.
+
+:mod:`enginehook.routing.rule` is the rule, a pure function of what the replicas publish
+(no clock, no Ray); :mod:`enginehook.routing.ray` runs it as a Ray Serve ``RequestRouter``
+(it imports Ray, which only the ``ray`` extra installs: import it by its path).
+"""
+
+from __future__ import annotations
+
+from enginehook.routing.rule import (
+    STATS_KEY,
+    Last,
+    Memory,
+    PinView,
+    ReplicaView,
+    Route,
+    replica_stats,
+    route,
+    view_of,
+)
+
+__all__ = [
+    "STATS_KEY",
+    "Last",
+    "Memory",
+    "PinView",
+    "ReplicaView",
+    "Route",
+    "replica_stats",
+    "route",
+    "view_of",
+]
