@@ -21,9 +21,12 @@ The session middleware (:func:`pin_headers_send`) repeats it as headers of the r
 seconds) and :data:`TOKENS_HEADER`, next to ``X-CacheTTL-Engine``. Headers leave before
 the body, so the middleware holds a ``200`` JSON reply's ``http.response.start`` until its
 body is complete (at most ``limit`` bytes; a longer body is passed on as it comes, without
-the headers). Streaming replies (``text/event-stream``) are passed on untouched: vLLM 0.32's
-stream generators drop the final output's ``kv_transfer_params`` (no chunk has the field),
-so no chunk carries the pin and the middleware has nothing sound to add.
+the headers). Streaming replies (``text/event-stream``) are passed on untouched. On
+``/v1/responses`` vLLM's own ``response.completed`` event carries the whole reply,
+``kv_transfer_params`` included; vLLM 0.32's chat and completions stream generators drop the
+final output's ``kv_transfer_params`` (no chunk type has the field, and the per-request
+metadata they leave for middleware holds only the usage), so those streams carry no pin and
+the middleware has nothing sound to add.
 Plain ASGI: unit-testable without vLLM.
 """
 

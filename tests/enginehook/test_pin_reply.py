@@ -309,3 +309,42 @@ def test_a_streamed_tool_call_is_pinned_but_its_reply_cannot_say_so(server: Serv
     wait_for(lambda: bool(server.events("program_end", program)), 60, "the program's end")
     (call,) = server.events("tool_call", program)
     assert (call["chosen_ttl_s"], call["pin_outcome"]) == (TTL_S, "hit")
+
+
+def _responses(server: Server, program: str, xargs: dict[str, Any], stream: bool) -> Any:
+    import httpx
+
+    body = {
+        "model": server.model,
+        "input": random_words(random.Random(6), 300),
+        "max_output_tokens": 8,
+        "temperature": 0,
+        "stream": stream,
+        "session_id": program,
+        "vllm_xargs": xargs,
+        "ignore_eos": True,
+    }
+    return httpx.post(f"{server.base_url}/responses", json=body, timeout=120)
+
+
+@pytest.mark.slow
+def test_a_streamed_responses_turn_names_its_pin_in_its_completed_event(server: Server) -> None:
+    """The Responses API's stream ends with ``response.completed``, whose ``response`` is
+    the whole reply, ``kv_transfer_params`` included (vLLM's own field): the one stream
+    that carries the pin."""
+    program = "reply-responses"
+    r = _responses(server, program, {"tool": "bash"}, stream=True)
+    assert r.status_code == 200, r.text
+    assert not any(h in r.headers for h in PIN_HEADERS)
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    (done,) = [e for e in events if e["type"] == "response.completed"]
+    decided = done["response"]["kv_transfer_params"][REPLY_KEY]
+    assert decided["pinned"] is True
+    assert decided["ttl_s"] == TTL_S
+    last = _responses(server, program, {"last_turn": 1}, stream=False)
+    assert last.json()["kv_transfer_params"][REPLY_KEY]["pinned"] is False
+    assert last.headers["x-cachettl-pinned"] == "false"
+    wait_for(lambda: bool(server.events("program_end", program)), 60, "the program's end")
+    (call,) = server.events("tool_call", program)
+    assert call["pin_outcome"] == "hit"
+    assert decided["expires_at"] == pytest.approx(call["finished_at"] + TTL_S, abs=1e-6)
