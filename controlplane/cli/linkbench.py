@@ -171,12 +171,12 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
 
 
-def peak_rss_mib(pid: int) -> float:
-    """``VmHWM`` of ``pid``, MiB."""
+def rss_mib(pid: int, field: str = "VmHWM") -> float:
+    """``VmHWM`` (peak RSS) or ``VmRSS`` of ``pid``, MiB (``/proc/PID/status``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError(f"/proc/{pid}/status has no VmHWM")
+    raise RuntimeError(f"/proc/{pid}/status has no {field}")
 
 
 def _prepare_tenant(db_url: str) -> str:
@@ -388,6 +388,7 @@ def _drive(
     try:
         _collect(ctl, procs, "ready", READY_DEADLINE_S + 60)
         cpu0 = {s.name: cpu_seconds(s.pid) for s in servers}
+        rss0 = {s.name: rss_mib(s.pid, "VmRSS") for s in servers}
         client0 = sum(cpu_seconds(p.pid) for p in procs)
         ctl.start_at.value = time.monotonic() + 0.2
         ctl.start.set()
@@ -398,7 +399,8 @@ def _drive(
         results = _collect(ctl, procs, "result", CONVERGE_DEADLINE_S + 60)
         usage = {
             "cpu_s": {s.name: cpu_seconds(s.pid) - cpu0[s.name] for s in servers},
-            "peak_rss_mib": {s.name: peak_rss_mib(s.pid) for s in servers},
+            "peak_rss_mib": {s.name: rss_mib(s.pid) for s in servers},
+            "rss_before_load_mib": rss0,
             "client_cpu_s": client1 - client0,
             "start_at": ctl.start_at.value,
         }

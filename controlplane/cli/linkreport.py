@@ -93,6 +93,7 @@ def summarize(
         "server_cpu_s_per_1000_events": 1000 * cpu / max(accepted, 1),
         "client_cpu_s": usage["client_cpu_s"],
         "peak_rss_mib": usage["peak_rss_mib"],
+        "rss_before_load_mib": usage["rss_before_load_mib"],
         "snapshots_streamed": len(snaps),
         "snapshot_bytes_streamed": sum(s[2] for s in snaps),
         "snapshot_bytes_mean": float(np.mean([s[2] for s in snaps])) if snaps else 0.0,
@@ -133,9 +134,11 @@ def details(report: dict[str, Any]) -> list[str]:
     lines = []
     for s in report["setups"]:
         cpu = ", ".join(f"{k} {v:.1f} s" for k, v in s["server_cpu_s"].items())
+        rss = ", ".join(f"{k} {v:.0f}" for k, v in s["rss_before_load_mib"].items())
         lines.append(
             f"- {s['setup']}: {s['events_accepted']:,} events in {s['batches']:,} batches, "
-            f"errors {s['errors'] or 'none'}; server CPU {cpu}; client processes "
+            f"errors {s['errors'] or 'none'}; server CPU {cpu}; RSS before the load "
+            f"{rss} MiB (streams open); client processes "
             f"{s['client_cpu_s']:.1f} s; mean snapshot {s['snapshot_bytes_mean'] / 1024:.1f} "
             f"KiB; {s['links_converged']} of {s['links']} links converged "
             f"({s['convergence_missing']} batch-link pairs never seen); arrivals "

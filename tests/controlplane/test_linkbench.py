@@ -69,6 +69,7 @@ def test_links_bench_converges_on_every_link(tmp_path: Path) -> None:
         assert len(s["server_cpu_s"]) == len(s["peak_rss_mib"]) == s["servers"]
         assert s["server_cpu_s_per_1000_events"] > 0
         assert all(rss > 0 for rss in s["peak_rss_mib"].values())
+        assert set(s["rss_before_load_mib"]) == set(s["peak_rss_mib"])
         assert s["snapshots_streamed"] >= 2 * LINKS  # the seed's and at least one more
         assert s["snapshot_bytes_streamed"] > 0
 
