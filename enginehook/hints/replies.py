@@ -26,7 +26,8 @@ the headers). Streaming replies (``text/event-stream``) are passed on untouched.
 ``kv_transfer_params`` included; vLLM 0.32's chat and completions stream generators drop the
 final output's ``kv_transfer_params`` (no chunk type has the field, and the per-request
 metadata they leave for middleware holds only the usage), so those streams carry no pin and
-the middleware has nothing sound to add.
+the middleware has nothing sound to add. vLLM 0.33.0's do put it in the chunk that carries
+``finish_reason``.
 Plain ASGI: unit-testable without vLLM.
 """
 
