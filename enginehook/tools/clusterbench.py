@@ -4,11 +4,12 @@ vllm-router, in one run, on this machine's CPU.
 The engine bench's agent trace (:func:`enginehook.tools.bench.make_trace`, the saturated
 regime: arrivals and tool gaps × 0.1) is replayed through vllm-router by real clients (the
 ``openai`` package, one thread per program, ``X-Session-ID`` on every turn, streamed so the
-first token's wait is seen), first against two stock engines, then against two engines with
-the hook and one control plane, under each router policy asked for, ``runs`` times each with
-the engines' prefix caches reset in between. Reports per policy and run: mean and P90 JCT,
-new programs' first-turn wait P90, the prefix-hit share, and the hook/stock ratios with
-their median over runs.
+first token's wait is seen) against two stock engines and against two engines with the hook
+and one control plane, all up at once, each pair behind its own router of the policy under
+test; the two arms' replays alternate (``runs`` each, the arm's prefix caches reset first) so
+that background load on a shared machine hits both alike. Reports per policy and run: mean
+and P90 JCT, new programs' first-turn wait P90, the prefix-hit share, and the hook/stock
+ratios with their median over runs.
 """
 
 from __future__ import annotations
@@ -123,50 +124,53 @@ def _reset(engines: list[ClusterEngine]) -> None:
             pass
 
 
-def _arm(
-    config: RealClusterConfig, model: Path, work: Path, hook: dict[str, Any] | None
-) -> dict[str, list[dict[str, float]]]:
-    """Every policy's runs on one arm's engines (stock when ``hook`` is None)."""
-    trace = make_trace(config.trace, config.compress)
+def _engines(
+    config: RealClusterConfig, model: Path, work: Path, name: str, hook: dict[str, Any] | None
+) -> list[ClusterEngine]:
     env = {"VLLM_SERVER_DEV_MODE": "1"}  # POST /reset_prefix_cache between runs
-    name = "hook" if hook is not None else "stock"
-    engines = [
+    return [
         ClusterEngine(
             f"{name}{i}", model, work, hook, config.trace.blocks, max_model_len=4096, env=env
         )
         for i in range(config.engines)
     ]
-    runs: dict[str, list[dict[str, float]]] = {}
+
+
+def _policy(
+    config: RealClusterConfig, arms: dict[str, list[ClusterEngine]], policy: str, work: Path
+) -> dict[str, list[dict[str, float]]]:
+    """Every run of one router policy: a router per arm, the arms' replays alternating
+    (stock first on even runs) so that background load on a shared machine hits both alike."""
+    trace = make_trace(config.trace, config.compress)
+    routers = {
+        name: Router(policy, [e.url for e in engines], work) for name, engines in arms.items()
+    }
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     try:
-        for engine in engines:
-            engine.start()
-        wait_for(lambda: all(e.ready() for e in engines), 900, f"the {name} engines")
-        for policy in config.policies:
-            router = Router(policy, [e.url for e in engines], work)
+        for router in routers.values():
             router.start()
-            try:
-                _replay(router.url, make_trace(BenchConfig(programs=2, seed=99), 0.01), 99)
-                for run in range(config.runs):
-                    _reset(engines)
-                    result = _replay(router.url, trace, config.trace.seed + run)
-                    runs.setdefault(policy, []).append(result.summary())
-                    print(f"{name} {policy} run {run}: {result.summary()}", flush=True)
-            finally:
-                router.stop()
+            _replay(router.url, make_trace(BenchConfig(programs=2, seed=99), 0.01), 99)
+        for run in range(config.runs):
+            order = ["stock", "hook"] if run % 2 == 0 else ["hook", "stock"]
+            for name in order:
+                _reset(arms[name])
+                summary = _replay(routers[name].url, trace, config.trace.seed + run).summary()
+                runs[name].append(summary)
+                print(f"{name} {policy} run {run}: {summary}", flush=True)
     finally:
-        for engine in engines:
-            engine.stop()
+        for router in routers.values():
+            router.stop()
     return runs
 
 
 def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
-    """Both arms, every policy, ``runs`` runs each; the report as a JSON-ready dict."""
+    """Both arms up at once (stock engines, and hook engines with one control plane), every
+    policy, ``runs`` runs each; the report as a JSON-ready dict."""
     from enginehook.tools.tinymodel import build_tiny_llama
 
     work = Path(config.work or "out/cluster-real")
     work.mkdir(parents=True, exist_ok=True)
     model = build_tiny_llama(Path(config.model_dir or work / "tiny-llama"))
-    stock = _arm(config, model, work, None)
     plane = ControlPlaneProcess(f"sqlite:///{work / 'cp.sqlite3'}", free_port(), work / "cp.log")
     plane.start()
     (work / "token").write_text(plane.token)
@@ -177,9 +181,23 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
         "control_plane": f"127.0.0.1:{plane.port}",
         "token_file": str(work / "token"),
     }
+    arms = {
+        "stock": _engines(config, model, work, "stock", None),
+        "hook": _engines(config, model, work, "hook", hook),
+    }
+    every = [engine for engines in arms.values() for engine in engines]
+    stock: dict[str, list[dict[str, float]]] = {}
+    ours: dict[str, list[dict[str, float]]] = {}
     try:
-        ours = _arm(config, model, work, hook)
+        for engine in every:
+            engine.start()
+        wait_for(lambda: all(e.ready() for e in every), 900, "the engines")
+        for policy in config.policies:
+            runs = _policy(config, arms, policy, work)
+            stock[policy], ours[policy] = runs["stock"], runs["hook"]
     finally:
+        for engine in every:
+            engine.stop()
         plane.stop()
     report: dict[str, Any] = {"config": asdict(config), "policies": {}}
     for policy in config.policies:
