@@ -220,11 +220,11 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
 
 def markdown(report: dict[str, Any]) -> str:
     """The report as a Markdown table, one row per policy and run."""
-    trace = report["config"]["trace"]
+    config, trace = report["config"], report["config"]["trace"]
     lines = [
         f"Command: `{report.get('command', 'cachettl bench cluster --real')}`; "
-        f"{trace['programs']} programs, {report['config']['engines']} engines of "
-        f"{trace['blocks']} blocks per arm, arrivals and tool gaps x {report['config']['compress']}.",
+        f"{trace['programs']} programs, {config['engines']} engines of {trace['blocks']} "
+        f"blocks per arm, arrivals and tool gaps x {config['compress']}.",
         "",
         "| router policy | run | mean JCT stock / hook (s) | ratio | first-turn wait P90 "
         "stock / hook (s) | ratio | prefix hits stock / hook |",
