@@ -46,6 +46,8 @@ class RealClusterConfig:
     trace: BenchConfig = field(default_factory=lambda: BenchConfig(programs=48, blocks=240))
     work: str = ""
     model_dir: str = ""
+    #: Hook settings on top of the engine bench's (``additional_config.cachettl`` keys).
+    hook_settings: dict[str, Any] = field(default_factory=dict)
 
 
 def _program(base_url: str, program: BenchProgram, seed: int, out: BenchResult) -> None:
@@ -180,6 +182,7 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
         "min_samples": config.trace.min_samples,
         "control_plane": f"127.0.0.1:{plane.port}",
         "token_file": str(work / "token"),
+        **config.hook_settings,
     }
     arms = {
         "stock": _engines(config, model, work, "stock", None),

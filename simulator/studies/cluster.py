@@ -75,6 +75,13 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="--real: vllm-router policies",
     )
     p.add_argument("--real-runs", type=int, default=3, help="--real: runs per policy and arm")
+    p.add_argument(
+        "--real-hook",
+        default="{}",
+        metavar="JSON",
+        help="--real: hook settings on top of the bench's (a JSON object of "
+        "additional_config.cachettl keys)",
+    )
     p.set_defaults(handler=_cluster)
 
 
@@ -273,7 +280,14 @@ def _real(args: argparse.Namespace) -> int:
     policies = tuple(p for p in args.real_policies.split(",") if p)
     if not policies or args.real_runs < 1:
         raise ValueError("--real-policies must name a policy and --real-runs be >= 1")
-    report = run_real_cluster(RealClusterConfig(policies=policies, runs=args.real_runs))
+    try:
+        settings = json.loads(args.real_hook)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--real-hook: not JSON: {exc}") from None
+    if not isinstance(settings, dict):
+        raise ValueError("--real-hook: must be a JSON object of hook settings")
+    config = RealClusterConfig(policies=policies, runs=args.real_runs, hook_settings=settings)
+    report = run_real_cluster(config)
     report["command"] = "cachettl bench cluster " + shlex.join(sys.argv[3:])
     out = args.out if args.out != "results/cluster" else "results/cluster_real"
     write(report, out)

@@ -208,3 +208,19 @@ def test_program_scheduling_holds_turns_at_admission_and_survives_its_home_leavi
     assert len(free.programs) == len(held.programs) == 40
     # a tenth of the pool per target: turns wait in the router, first turns included
     assert held.figures()["first_turn_wait_p90_s"] > 2 * free.figures()["first_turn_wait_p90_s"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--real-hook", "[1]"], "--real-hook: must be a JSON object of hook settings"),
+        (["--real-hook", "{x"], "--real-hook: not JSON"),
+        (["--real-policies", ""], "--real-policies must name a policy"),
+        (["--real-runs", "0"], "--real-runs be >= 1"),
+    ],
+)
+def test_the_real_bench_refuses_bad_flags_before_starting_anything(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "cluster", "--real", *flags]) == 2
+    assert message in capsys.readouterr().err
