@@ -136,6 +136,7 @@ class Simulation:
         victim = self._lowest_ranked if policy.preempt_by_order else None
         self.engine = Engine(self.config, self.timer, self._key, self, victim)
         policy.bind(profile, self.engine.cpu is not None)
+        policy.see_trace(programs)
         policy.other_context = self._running_context
         self.controller: PinController[PinHandle] = PinController(
             policy.rules,

@@ -17,6 +17,7 @@ continuum-preview    the authors' preview code: fixed 2 s pin, skip tools with m
 continuum            the paper (estimator policy ``continuum``), models learned online
 cachettl             ours (:mod:`simulator.policies.cachettl`): a switch per improvement
 oracle               knows each tool's true duration, pins exactly when it pays
+oracle-law           cachettl deciding on each call's true duration law, not its draw
 thunderagent         ThunderAgent: pauses/resumes whole programs to fit KV, no pins
 llmd-fairness        llm-d program-aware fairness: least attained service per session
 sglang-session       SGLang session radix cache: kept until close, LRU after free cache
@@ -35,6 +36,7 @@ from simulator.policies.base import (
 )
 from simulator.policies.baselines import Autellix, ProgramFcfs
 from simulator.policies.cachettl import BASE, DEFAULTS, IMPROVEMENTS, Cachettl
+from simulator.policies.hindsight import OracleLaw
 from simulator.policies.peers import LlmdFairness, SglangSession, ThunderAgent
 from simulator.policies.pinning import (
     PAPER_RULES,
@@ -59,6 +61,7 @@ __all__ = [
     "Infercept",
     "LlmdFairness",
     "Oracle",
+    "OracleLaw",
     "Param",
     "PinningPolicy",
     "ProgramFcfs",

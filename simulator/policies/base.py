@@ -10,7 +10,7 @@ emits. Everything else runs in the controller the vLLM hook runs too.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -19,6 +19,7 @@ from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
 from estimator import Decision, HardwareProfile, Models, RequestFacts, get_profile
 from estimator.signatures import SHELL_TOOLS
+from simulator.trace import Program
 
 __all__ = [
     "POLICIES",
@@ -124,6 +125,9 @@ class SchedulingPolicy:
         """Attach to one run (hardware profile, CPU tier or not)."""
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
         self.offload = offload
+
+    def see_trace(self, programs: Sequence[Program]) -> None:
+        """The run's whole trace, before it starts (only an oracle may look)."""
 
     def tool_key(self, tool: str, args: str | None) -> str:
         """The tool name the policy learns and decides by (the paper's parser: a shell

@@ -278,15 +278,18 @@ class Cachettl(PinningPolicy):
     def signatures(self) -> SignatureRegistry:
         return SignatureRegistry()  # the estimator's default, as shipped
 
-    def choose(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
-        assert self.models is not None
-        facts = dataclasses.replace(
+    def with_switches(self, facts: RequestFacts) -> RequestFacts:
+        """``facts`` as this policy's switches see them (keys, sharing, CPU reloads)."""
+        return dataclasses.replace(
             facts,
             tool_args=facts.tool_args if self.keys == "invocation" else None,
             share=self.share,
             offload=facts.offload and self.cpu_reload,
         )
-        return self._ttl.decide(facts, self.models)
+
+    def choose(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
+        assert self.models is not None
+        return self._ttl.decide(self.with_switches(facts), self.models)
 
     def observe_tool(self, tool: str, args: str | None, duration: float, tenant: str) -> None:
         assert self.models is not None

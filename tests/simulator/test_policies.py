@@ -8,6 +8,7 @@ from estimator import RequestFacts
 from simulator.engine import EngineConfig, Request
 from simulator.policies import POLICIES, get_scheduling_policy, paper_tool_key
 from simulator.sim import Simulation
+from simulator.trace import Program, Turn
 from simulator.workloads import generate
 
 HW = "llama3.1-8b-h100"
@@ -174,3 +175,40 @@ def test_tool_keys_follow_the_paper_for_continuum_and_the_hook_for_cachettl():
     assert ours.models is not None
     assert ours.models.durations.tools("default") == ["bash"]
     assert "cd+grep" in ours.models.durations.signatures_of("bash", "default")
+
+
+def test_oracle_law_decides_on_the_law_around_the_call_not_on_its_draw():
+    # 60 programs call `sleep`; from the 30th on every call takes 6x as long, with a spread.
+    def program(i: int) -> Program:
+        duration = (6.0 if i >= 30 else 1.0) * (1.0 + (i % 5) / 10)
+        call = Turn(100, 10, "bash", "sleep 1", duration)
+        return Program(f"p{i}", float(i), (call, Turn(10, 10)))
+
+    programs = [program(i) for i in range(60)]
+    policy = get_scheduling_policy("oracle-law(law_samples=10)")
+    policy.bind(HW, False)
+    policy.see_trace(programs)
+    facts = RequestFacts(tool="bash", tool_args="sleep 1", context_tokens=120_000)
+
+    def ttl(i: int) -> float:
+        call = programs[i].turns[0]
+        turn = FinishedTurn(
+            f"p{i}", "bash", "sleep 1", 120_000, true_duration_s=call.tool_duration_s
+        )
+        return policy.decide(facts, turn).ttl_s
+
+    # Before the change: the longest duration of the old law (1.4 s), whatever this call's own.
+    assert ttl(10) == pytest.approx(1.4)
+    assert ttl(12) == pytest.approx(1.4)
+    # Half a window after the change it already decides on the new law (longest 8.4 s):
+    # no lag, no samples to wait for.
+    assert ttl(35) == pytest.approx(8.4)
+    assert ttl(59) == pytest.approx(8.4)
+
+
+def test_oracle_law_needs_the_trace():
+    policy = get_scheduling_policy("oracle-law")
+    policy.bind(HW, False)
+    facts = RequestFacts(tool="bash", tool_args="ls", context_tokens=60_000)
+    with pytest.raises(ValueError, match="oracle-law decides only in a simulation"):
+        policy.decide(facts, _turn(0.1))
