@@ -52,6 +52,9 @@ class _Cusum:
 
     K = 0.5
     H = 8.0
+    #: Scores are clipped to ±CLIP (Huber's robust CUSUM), so one outlier of a heavy
+    #: tail cannot signal alone: a signal needs at least ⌈H / (CLIP − K)⌉ = 4 samples.
+    CLIP = 3.0
     #: Samples the window needs before the reference is trusted.
     MIN_REFERENCE = 10
 
@@ -69,7 +72,7 @@ class _Cusum:
         logs = np.log(np.maximum(window, LOG_FLOOR_S))
         median = float(np.median(logs))
         mad = 1.4826 * float(np.median(np.abs(logs - median)))
-        z = (log_x - median) / max(mad, 0.05)
+        z = min(self.CLIP, max(-self.CLIP, (log_x - median) / max(mad, 0.05)))
         self.up = max(0.0, self.up + z - self.K)
         self.down = max(0.0, self.down - z - self.K)
         self.run_up = self.run_up + 1 if self.up > 0 else 0
@@ -197,9 +200,14 @@ class DurationModel(Estimator):
                 self._cusum.reset()
 
     def _remember_regime(self) -> None:
-        """With a drift prior, keep the window (the regime being left) as the prior."""
-        if self.drift_prior > 0 and self.forget_on_drift and self._n >= MIN_SHIFT_SAMPLES:
-            self._old_logs = np.log(np.maximum(self._sorted[: self._n], LOG_FLOOR_S))
+        """With a drift prior, keep the window (the regime being left) as the prior,
+        unless the prior in place rests on more samples: a change detected soon after
+        another leaves the better-estimated shape, shifted anew."""
+        if self.drift_prior <= 0 or not self.forget_on_drift or self._n < MIN_SHIFT_SAMPLES:
+            return
+        if self._old_logs is not None and self._old_logs.shape[0] >= self._n:
+            return
+        self._old_logs = np.log(np.maximum(self._sorted[: self._n], LOG_FLOOR_S))
 
     def _prior(self) -> FloatArray | None:
         """The old regime shifted to the new samples' mean log-duration (sorted), or None

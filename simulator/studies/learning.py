@@ -57,6 +57,13 @@ LEARNERS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "ADWIN every sample + drift prior": ({"detector": "adwin-fast", "drift_prior": 30.0}, {}),
     "CUSUM + drift prior": ({"detector": "cusum", "drift_prior": 30.0}, {}),
 }
+#: Not a learner: told the change point and the old law's shape, it estimates only the
+#: scale of the new law from the key's k new samples (the mean shift of log-durations).
+#: No learner can do better on a change of scale, so its error is the floor the others
+#: are read against.
+FLOOR = "known change (the floor)"
+#: Points of the old law the floor's models are built from (quantiles of its window).
+FLOOR_POINTS = 200
 #: The blended back-off's strength in the ``+ blend`` rows.
 BLEND = 20.0
 #: Relative error within which a TTL counts as adapted.
@@ -128,9 +135,34 @@ def _error(ttl: float, true: float) -> float:
     return abs(ttl - true) / true if true > 0 else (0.0 if ttl <= 1e-3 else 1.0)
 
 
+class _Floor:
+    """The floor's TTLs: the old law's quantiles scaled by exp(mean new log − mean old
+    log), learned into fresh models (so the same policy decides on them)."""
+
+    def __init__(self) -> None:
+        self.old: dict[str | None, list[float]] = {None: []}
+        self.new: dict[str | None, list[float]] = {None: []}
+
+    def learn(self, args: str, duration: float, changed: bool) -> None:
+        side = self.new if changed else self.old
+        side.setdefault(args, []).append(math.log(duration))
+        side[None].append(math.log(duration))
+
+    def ttl(self, policy: Any, args: str | None, benefit: float) -> float:
+        old = sorted(self.old[args])
+        shift = statistics.fmean(self.new[args]) - statistics.fmean(old)
+        models = _models({"forget_on_drift": False}, window=FLOOR_POINTS)
+        for i in range(FLOOR_POINTS):
+            log = old[min(len(old) - 1, int((i + 0.5) / FLOOR_POINTS * len(old)))]
+            models.record_tool_call(TOOL, args, math.exp(log + shift))
+        return _ttl(policy, models, args, benefit)
+
+
 def _replicate(
     learner: str, blend: bool, factor: float, pre: int, horizon: int, seed: int, truth: Any
 ) -> dict[str | None, list[float]]:
+    if learner == FLOOR:
+        return _floor(factor, pre, horizon, seed, truth)
     hierarchy, params = LEARNERS[learner]
     policy = get_policy("cachettl", **{**params, "prior_samples": BLEND if blend else 0.0})
     benefit, true = truth
@@ -153,6 +185,31 @@ def _replicate(
     return errors
 
 
+def _floor(
+    factor: float, pre: int, horizon: int, seed: int, truth: Any
+) -> dict[str | None, list[float]]:
+    """:func:`_replicate`'s draws (the same seed), decided by :class:`_Floor`."""
+    policy = get_policy("cachettl")
+    benefit, true = truth
+    rng = random.Random(f"adapt:{seed}")
+    invs = _invocations()
+    weights = [i[1] for i in invs]
+    floor = _Floor()
+    for _ in range(pre):
+        inv = rng.choices(invs, weights=weights)[0]
+        floor.learn(inv[0], _draw(rng, inv, 1.0), changed=False)
+    errors: dict[str | None, list[float]] = {None: []}
+    while len(errors) <= len(invs) or any(len(e) < horizon for e in errors.values()):
+        inv = rng.choices(invs, weights=weights)[0]
+        floor.learn(inv[0], _draw(rng, inv, factor), changed=True)
+        own = errors.setdefault(inv[0], [])
+        if len(own) < horizon:
+            own.append(_error(floor.ttl(policy, inv[0], benefit[inv[0]]), true[inv[0]]))
+        if len(errors[None]) < horizon:
+            errors[None].append(_error(floor.ttl(policy, None, benefit[None]), true[None]))
+    return errors
+
+
 def adaptation(
     factor: float, pre: int, horizon: int, replicates: int, learners: Sequence[str]
 ) -> dict[str, dict[str, Curve]]:
@@ -160,7 +217,7 @@ def adaptation(
     truth = _truth(factor, get_policy("cachettl"))
     out: dict[str, dict[str, Curve]] = {}
     for learner in learners:
-        for blend in (False, True):
+        for blend in (False,) if learner == FLOOR else (False, True):
             runs = [
                 _replicate(learner, blend, factor, pre, horizon, r, truth)
                 for r in range(replicates)
@@ -240,7 +297,8 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--pre", type=int, default=2000, help="calls learned before the change")
     parser.add_argument("--horizon", type=int, default=60, help="samples per key after it")
     parser.add_argument("--replicates", type=int, default=16, help="runs of the adaptation")
-    parser.add_argument("--learners", default=",".join(LEARNERS), help=f"of: {', '.join(LEARNERS)}")
+    every = (*LEARNERS, FLOOR)
+    parser.add_argument("--learners", default=",".join(every), help=f"of: {', '.join(every)}")
     parser.add_argument("--skip-families", action="store_true", help="only the adaptation")
     parser.add_argument("--out", default="results/learning", help="writes OUT.md/.json")
     parser.set_defaults(handler=_learning)
@@ -259,7 +317,7 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[float], list[str]]
         raise ValueError(f"--loads must be positive, got {args.loads!r}")
     learners = [x.strip() for x in args.learners.split(",")]
     for learner in learners:
-        if learner not in LEARNERS:
+        if learner not in LEARNERS and learner != FLOOR:
             raise ValueError(f"--learners: unknown learner {learner!r}")
     for flag, value in (
         ("--programs", args.programs),

@@ -152,3 +152,32 @@ def test_defaults_run_no_other_detector_and_no_prior() -> None:
         DurationModel(detector="magic")
     with pytest.raises(ValueError, match="drift_prior"):
         DurationModel(drift_prior=-1.0)
+
+
+def test_one_outlier_of_a_heavy_tail_does_not_signal_a_change() -> None:
+    model = DurationModel(detector="cusum")
+    rng = random.Random(3)
+    for _ in range(300):
+        model.update(math.exp(rng.gauss(0.0, 0.5)))
+    model.update(1e4)  # 18 MADs above the median: one sample, clipped to 3
+    assert model.drift_epoch == 0
+    for _ in range(4):  # a shift sustained over 4 samples does
+        model.update(1e4)
+    assert model.drift_epoch == 1
+
+
+def test_a_change_detected_soon_after_another_keeps_the_better_prior() -> None:
+    model = DurationModel(detector="cusum", drift_prior=100.0)
+    _step(model, 300, 20, 6.0)
+    assert model.drift_epoch == 1
+    assert model.n_samples <= 20
+    rng = random.Random(5)
+    for _ in range(10):  # a second change while the window holds only a few samples
+        model.update(60.0 * math.exp(rng.gauss(0.0, 0.5)))
+    assert model.drift_epoch == 2
+    # The prior is still the 300-sample shape, shifted to the newest samples (~60 s).
+    assert model._old_logs is not None
+    assert model._old_logs.shape[0] >= 300  # not the ~20 samples the window held
+    median = next(x / 10 for x in range(10, 2000) if model.cdf(x / 10) >= 0.5)
+    assert 40.0 < median < 90.0
+    assert model.trusted_samples == model.n_samples + 100.0

@@ -73,3 +73,16 @@ def test_cachettl_takes_the_detector_and_the_drift_prior() -> None:
         durations = policy.models.durations
         detectors.append((durations.detector, durations.drift_prior))
     assert detectors == [("cusum", 30.0), ("adwin", 0.0)]
+
+
+def test_the_floor_knows_the_change_and_only_estimates_its_scale() -> None:
+    from simulator.studies.learning import FLOOR
+
+    curves = adaptation(6.0, 600, 20, 3, [FLOOR, "no forgetting"])
+    assert set(curves) == {FLOOR, "no forgetting", "no forgetting + blend"}  # no blend row
+    key = "pytest {t} -x -q"
+    floor, stale = curves[FLOOR][key], curves["no forgetting"][key]
+    # From its first new samples the floor is near the new optimum (within the scale's
+    # sampling error, σ = 0.6 / sqrt(k)); keeping all is far at every k.
+    assert sorted(floor.errors[4:])[len(floor.errors[4:]) // 2] <= 2 * TOLERANCE
+    assert max(floor.errors) < 0.5 < min(stale.errors)
