@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.studies.study import PEERS, WORKLOADS, Study, output_path
+from simulator.studies.study import PEERS, WORKLOADS, Study, output_path, workload_source
 
 __all__ = ["METRICS", "Paired", "paired", "parse_seeds", "register"]
 
@@ -150,8 +150,7 @@ def _seeds(args: argparse.Namespace) -> int:
     from simulator.studies.report import parse_policies
 
     seeds = parse_seeds(args.seeds)
-    if args.workload not in WORKLOADS:
-        raise ValueError(f"unknown workload {args.workload!r}; valid: {', '.join(WORKLOADS)}")
+    workload_source(args.workload)
     for flag, value in (("--load", args.load), ("--rate", args.rate)):
         if value is not None and not value > 0:
             raise ValueError(f"{flag} must be positive, got {value}")

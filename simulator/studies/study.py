@@ -19,7 +19,7 @@ from typing import Any
 
 from estimator import DEFAULT_PROFILE
 from simulator.engine import EngineConfig
-from simulator.families import study_workloads
+from simulator.families import generate_family, is_family, parse_family, study_workloads
 from simulator.metrics import PolicyMetrics, isolated_jct
 from simulator.policies import BASE, IMPROVEMENTS
 from simulator.studies.bench import rate_for_slowdown
@@ -36,6 +36,7 @@ __all__ = [
     "output_path",
     "register",
     "variants",
+    "workload_source",
 ]
 
 HARDWARE = DEFAULT_PROFILE
@@ -135,6 +136,20 @@ WORKLOADS: dict[str, Callable[[int, int], list[Program]]] = {
 }
 
 
+def workload_source(name: str) -> Callable[[int, int], list[Program]]:
+    """The ``(programs, seed) -> trace`` of a study workload: a name of
+    :data:`WORKLOADS`, or a family with parameters (``step(factor=0.125)``)."""
+    if name in WORKLOADS:
+        return WORKLOADS[name]
+    if is_family(name):
+        parse_family(name)  # a bad parameter is named here, before any run
+        return lambda n, s: generate_family(name, n, s)
+    raise ValueError(
+        f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}, "
+        "or a family with parameters such as step(factor=0.125)"
+    )
+
+
 class Study:
     """Traces, isolated runs and vLLM's slowdown-3 load per workload, made once."""
 
@@ -149,11 +164,10 @@ class Study:
         self._rate: dict[str, float] = {}
 
     def base(self, workload: str, seed: int) -> list[Program]:
-        if workload not in WORKLOADS:
-            raise ValueError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)}")
+        source = workload_source(workload)
         key = (workload, seed)
         if key not in self._base:
-            self._base[key] = WORKLOADS[workload](self.programs, seed)
+            self._base[key] = source(self.programs, seed)
             self._iso[key] = isolated_jct(self._base[key], HARDWARE, EngineConfig())
         return self._base[key]
 
@@ -279,8 +293,7 @@ def study_arguments(args: argparse.Namespace) -> tuple[list[int], list[float], l
         raise ValueError("--programs must be >= 1 and --loads positive")
     names = args.workloads.split(",")
     for name in names:
-        if name not in WORKLOADS:
-            raise ValueError(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}")
+        workload_source(name)
     if args.cpu_tier_tokens < 0:
         raise ValueError(f"--cpu-tier-tokens must be >= 0, got {args.cpu_tier_tokens}")
     return seeds, loads, names

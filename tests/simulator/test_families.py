@@ -107,3 +107,14 @@ def test_trace_generate_accepts_a_family(
     assert len(read_trace(out)) == 5
     assert main(["trace", "generate", "--workload", "stepp", "--out", str(out)]) == 2
     assert "unknown workload 'stepp'" in capsys.readouterr().err
+
+
+def test_studies_take_a_family_with_its_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulator.studies.study import Study
+
+    study = Study(6, [3])
+    assert study.base("step(factor=0.125)", 3) == generate_family("step(factor=0.125)", 6, 3)
+    assert study.base("step(factor=0.125)", 3) != study.base("step(factor=8)", 3)
+    args = ["bench", "seeds", "--workload", "step(factr=2)", "--seeds", "0-1"]
+    assert main(args) == 2
+    assert "family step: unknown parameter 'factr'" in capsys.readouterr().err
