@@ -88,6 +88,21 @@ class ClusterEngine(Simulation):
         blocks = self.pinned_blocks_of(program_id) or self.engine.pool.cached_prefix(program_id)
         return blocks * self.config.block_size
 
+    def queued_ahead_tokens(self, program_id: str, now: float) -> int:
+        """Prompt tokens still to compute ahead of a turn of ``program_id`` arriving now:
+        the rest of the running prefills, and the waiting turns that this engine's own
+        queue order puts first, each less the prefix of its program held here."""
+        engine = self.engine
+        work = sum(r.prompt_tokens - r.computed for r in engine.running if r.prefilling)
+        if not engine.waiting:
+            return work
+        mine = self.controller.order_key(0, False, program_id, now, "\U0010ffff")
+        for r in engine.waiting:
+            if self._key(r) < mine:
+                held = min(self.cached_tokens(r.program_id), r.prompt_tokens - 1)
+                work += r.prompt_tokens - max(0, held)
+        return work
+
     def prefill_s(self, tokens: int) -> float:
         """Seconds to prefill ``tokens`` here (whole chunks at the chunk's step time)."""
         return tokens / self.config.max_num_batched_tokens * self._chunk_s

@@ -4,12 +4,14 @@ TTL-aware routing's rules, and the cluster figures computed by hand."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from controlplane.cli import main
 from simulator.cluster import ROUTERS, Cluster, Route, TopologyChange, get_router, simulate_cluster
+from simulator.cluster.base import EngineView
 from simulator.cluster.vllm_router import ConsistentHash
 from simulator.engine import EngineConfig
 from simulator.sim import ProgramState
@@ -112,34 +114,94 @@ def test_ttl_aware_never_remaps_a_live_pin_when_an_engine_joins() -> None:
     assert cluster.result.returning_hit_tokens == cluster.result.returning_reusable_tokens
 
 
-def test_ttl_aware_sends_new_programs_to_the_most_free_kv() -> None:
-    cluster = Cluster([_program("a", 0.0, 3000, 1.5)], "ttl-aware", PIN_2S, 2, config=SMALL)
-    cluster.run(until=0.5)
-    holder = cluster.all[cluster.result.per_engine_programs.popitem()[0]]
-    assert holder.engine_id == 0
-    assert holder.pin_of("a") is not None
-    other = cluster.router.route(Route("b", 0, 100, 0, 0.5), cluster.live)
-    assert other is not None
-    assert other.engine_id == 1
+def test_ttl_aware_spreads_new_programs_by_bound_programs_where_free_kv_piles_them() -> None:
+    # four programs 1 s apart; each first turn ends in about 0.2 s, then a 5 s tool call
+    # with no pin (vllm): the KV it leaves is cached but free, so every engine looks empty
+    programs = [_program(f"p{i}", float(i), 3000, 5.0) for i in range(4)]
+    cluster = Cluster(programs, "ttl-aware", "vllm", 2, config=SMALL)
+    router = cluster.router
+    placed: list[int] = []
+    by_free_kv: list[int] = []  # what the earlier rule 3 (most free KV) would have picked
+    route = router.route
+
+    def spy(request: Route, engines: Sequence[EngineView]) -> EngineView | None:
+        choice = route(request, engines)
+        if request.turn == 0 and choice is not None:
+            placed.append(choice.engine_id)
+            free = min(engines, key=lambda e: (-e.free_blocks(), e.queued_tokens(), e.engine_id))
+            by_free_kv.append(free.engine_id)
+        return choice
+
+    router.route = spy  # type: ignore[method-assign]
+    result = cluster.run()
+    assert by_free_kv == [0, 0, 0, 0]  # every program on engine 0, the others away
+    assert placed == [0, 1, 0, 1]  # the fewest bound programs (queues empty: waits tie)
+    assert result.per_engine_programs == {0: 2, 1: 2}
+    assert result.moved_returns == 0
 
 
-def test_ttl_aware_drops_the_pin_at_once_when_it_sends_the_turn_elsewhere() -> None:
+def test_ttl_aware_places_a_new_program_by_its_wait_before_bound_programs() -> None:
+    programs = [_program(f"p{i}", 0.5 * i, 3000, 5.0) for i in range(3)]
+    cluster = Cluster(programs, "ttl-aware", "vllm", 2, config=SMALL)
+    cluster.run(until=1.5)
+    assert cluster.result.per_engine_programs == {0: 2, 1: 1}  # 0, 1, then the tie to 0
+    busy = cluster.all[1]
+    hog = _program("hog", 1.5, 40_000, 1.0)  # traffic the router did not place
+    cluster._states[hog.program_id] = ProgramState(hog)
+    for event in cluster._deliver(cluster._states[hog.program_id], busy, 1.5):
+        cluster.loop.schedule(event)
+    cluster.resume(until=1.6)
+    new = Route("new", 0, 100, 0, 1.6)
+    assert busy.queued_ahead_tokens("new", 1.6) > 30_000  # the hog's prefill still to run
+    choice = cluster.router.route(new, cluster.live)
+    assert choice is not None
+    assert choice.engine_id == 0  # no wait there, though it has more programs bound
+
+
+def _pinned_return_against_hogs(busy_rival: bool) -> tuple[Cluster, int]:
+    """``a`` pinned on engine 0, forty 40k-token first turns delivered there behind it;
+    with ``busy_rival`` engine 1 runs ten long decodes. Runs until ``a`` returns."""
     a = _program("a", 0.0, 3000, 1.5)
     cluster = Cluster([a], "ttl-aware", PIN_2S, 2, config=SMALL)
     cluster.run(until=0.5)
-    holder = cluster.all[0]
-    pin = holder.pin_of("a")
+    pin = cluster.all[0].pin_of("a")
     assert pin is not None
-    tokens = holder.pinned_tokens(pin)
-    # swamp the holder: first turns of big programs delivered to it directly
-    for i in range(40):
-        hog = _program(f"hog{i}", 0.5, 40_000, 1.0)
-        cluster._states[hog.program_id] = ProgramState(hog)
-        for event in cluster._deliver(cluster._states[hog.program_id], holder, 0.5):
+    tokens = cluster.all[0].pinned_tokens(pin)
+    hogs = [(_program(f"hog{i}", 0.5, 40_000, 1.0), 0) for i in range(40)]
+    if busy_rival:
+        hogs += [(Program(f"dec{i}", 0.5, (Turn(100, 2000),)), 1) for i in range(10)]
+    for program, engine in hogs:
+        state = cluster._states[program.program_id] = ProgramState(program)
+        for event in cluster._deliver(state, cluster.all[engine], 0.5):
             cluster.loop.schedule(event)
-    return_at = pin.pinned_at + 1.5
-    cluster.resume(until=return_at)
-    assert holder.pin_of("a") is None  # dropped when the return went elsewhere
+    back = pin.pinned_at + 1.5
+    cluster.resume(until=back - 1e-6)
+    holder = cluster.all[0]
+    # the holder's queue is 39 hogs, but a pinned turn goes ahead of them: it waits only
+    # for the rest of the running hog's prefill; a new program would wait behind them all
+    assert holder.queued_tokens() == 39 * 40_000  # one hog admitted, prefilling
+    ahead = holder.queued_ahead_tokens("a", back)
+    assert 0 < ahead < 40_000
+    assert holder.queued_ahead_tokens("new", back) == ahead + 39 * 40_000
+    cluster.resume(until=back)
+    return cluster, tokens
+
+
+def test_ttl_aware_keeps_a_pinned_turn_when_the_recompute_would_delay_a_busy_engine() -> None:
+    cluster, _ = _pinned_return_against_hogs(busy_rival=True)
+    # the earlier rule (total queued prompt tokens, recompute of the turn alone) broke here
+    assert cluster._at["a"][0] == 0  # routed back to the holder
+    assert cluster.result.dropped_pins == 0
+    assert cluster.result.moved_returns == 0
+    cluster.resume(until=cluster.loop.now + 1.2)  # admitted; the hogs are not back yet
+    assert cluster.result.returning_hit_tokens == cluster.result.returning_reusable_tokens > 0
+    assert cluster.result.orphaned_token_s == 0.0
+
+
+def test_ttl_aware_drops_the_pin_at_once_when_it_sends_the_turn_elsewhere() -> None:
+    cluster, tokens = _pinned_return_against_hogs(busy_rival=False)
+    # the running hog's rest outweighs recomputing a's 3,000 tokens on the idle engine 1
+    assert cluster.all[0].pin_of("a") is None  # dropped when the return went elsewhere
     assert cluster.result.dropped_pins == 1
     assert cluster.result.moved_returns == 1
     assert cluster.result.orphaned_token_s == pytest.approx(tokens * 1.5)
