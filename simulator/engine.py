@@ -185,8 +185,9 @@ class Engine:
                     budget += self._unschedule(scheduled, victim)
             if request.preempted:
                 break
-            self.pool.allocate(need)
-            request.blocks += need
+            if need:  # a decode step mostly writes into its last block
+                self.pool.allocate(need)
+                request.blocks += need
             scheduled.append((request, n))
             budget -= n
             i += 1

@@ -161,6 +161,17 @@ def test_fast_forward_equals_step_by_step():
     assert result.steps == 300
 
 
+def test_a_step_start_waits_for_an_arrival_at_its_time():
+    # A step ends exactly when a turn arrives: the next step starts after the arrival (the
+    # loop's same-time order), so the turn joins that step instead of waiting a step.
+    timer = StepTimer(get_profile(HW))
+    first_step = timer.step([(100, 0)], 0, 100)
+    programs = [_program("a", 0.0, [Turn(100, 5)]), _program("b", first_step, [Turn(100, 5)])]
+    result = simulate(programs, "vllm", HW)
+    waits = {p.program_id: p.first_turn_wait_s for p in result.programs}
+    assert waits == {"a": 0.0, "b": 0.0}
+
+
 def test_engine_config_validation():
     with pytest.raises(ValueError, match="max_num_seqs must be a positive integer"):
         EngineConfig(max_num_seqs=0)
