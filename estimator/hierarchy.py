@@ -163,6 +163,15 @@ class DurationHierarchy(Estimator):
             detector=detector,
             drift_prior=drift_prior,
         )
+        # The tool, tenant and shared levels pool signatures whose mix follows the
+        # workload's phase: a fast detector would take a change of the mix for a change of
+        # regime (on SWE-shaped runs: a dozen forgettings of the tenant level per 1,000
+        # calls). They keep ADWIN (checked every 32 samples) and no prior.
+        self._pooled_prototype = (
+            self._prototype
+            if detector == "adwin" and drift_prior == 0.0
+            else DurationModel(window=window, forget_on_drift=forget_on_drift)
+        )
         self._models: dict[_Key, DurationModel] = {}
         self._tenant_totals: dict[str, int] = {}
         self._names: dict[str, list[int]] = {}  # tenant -> [tool names, signatures]
@@ -170,7 +179,8 @@ class DurationHierarchy(Estimator):
     def _model(self, key: _Key) -> DurationModel:
         model = self._models.get(key)
         if model is None:
-            model = self._models[key] = self._prototype.clone()
+            prototype = self._prototype if key[2] else self._pooled_prototype
+            model = self._models[key] = prototype.clone()
             self._count_new(key)
         return model
 
@@ -210,6 +220,7 @@ class DurationHierarchy(Estimator):
         # Pickles written before the bounds existed: unbounded, names counted from the keys.
         state.setdefault("max_tools", None)
         state.setdefault("max_signatures", None)
+        state.setdefault("_pooled_prototype", state["_prototype"])  # one detector for all
         self.__dict__.update(state)
         if "_names" not in state:
             self._names = {}
@@ -267,7 +278,7 @@ class DurationHierarchy(Estimator):
         key = _key(level, tool, signature, tenant)
         if level is not Level.TENANT and not tool:
             raise ValueError(f"tool must be a non-empty string for {level!r}")
-        model = self._prototype.clone()
+        model = (self._prototype if key[2] else self._pooled_prototype).clone()
         count = 0
         for value in samples:
             model.update(value)

@@ -181,3 +181,21 @@ def test_a_change_detected_soon_after_another_keeps_the_better_prior() -> None:
     median = next(x / 10 for x in range(10, 2000) if model.cdf(x / 10) >= 0.5)
     assert 40.0 < median < 90.0
     assert model.trusted_samples == model.n_samples + 100.0
+
+
+def test_a_fast_detector_runs_on_invocations_and_adwin_on_the_pooled_levels() -> None:
+    from estimator.hierarchy import DurationHierarchy, Level
+
+    h = DurationHierarchy(min_samples=2, detector="cusum", drift_prior=100.0)
+    for d in (1.0, 2.0, 3.0):
+        h.update("bash", "pytest -x", d)
+    invocation = h.model(Level.INVOCATION, "bash", "pytest -x")
+    tool = h.model(Level.TOOL, "bash", "pytest -x")
+    tenant = h.model(Level.TENANT, "bash", "pytest -x")
+    assert invocation is not None
+    assert tool is not None
+    assert tenant is not None
+    assert (invocation.detector, invocation.drift_prior) == ("cusum", 100.0)
+    # The pooled levels mix signatures whose shares follow the workload's phase.
+    assert (tool.detector, tool.drift_prior) == ("adwin", 0.0)
+    assert (tenant.detector, tenant.drift_prior) == ("adwin", 0.0)
