@@ -413,6 +413,24 @@ class PinController(Generic[H]):
             self.host.emit(event)
         return pin
 
+    def drop(self, program_id: str, now: float) -> Pin[H] | None:
+        """A router dropped the program's pin (it sends the program's next turn elsewhere):
+        the pin goes now (``DROPPED``, returned) and, as for :meth:`moved_away`, the tool
+        call it left here is reported as lasting until now, its state here forgotten."""
+        pin = self.pins.release(program_id, ReleaseReason.DROPPED)
+        if pin is None:
+            return None
+        event = self._tracker_of(program_id).moved(program_id, now)
+        self._forget(program_id)
+        if event is not None:
+            self.host.emit(event)
+        return pin
+
+    def extend(self, program_id: str, ttl_s: float, now: float) -> Pin[H] | None:
+        """A router extended the program's pin to ``now + ttl_s`` (within the rules' cap;
+        never shortened); the pin, or ``None`` when the program holds none."""
+        return self.pins.extend(program_id, now, ttl_s)
+
     def end_program(self, program_id: str, now: float) -> None:
         """The program ended: its pin goes, its last turn is counted, its state forgotten."""
         self.pins.program_end(program_id)

@@ -18,6 +18,8 @@ A pin ends for one of the reasons in :class:`ReleaseReason`:
 - ``SHUTDOWN``: the engine reset its prefix cache or stopped.
 - ``MOVED``: the program's next turn arrived at another engine (the control plane's
   ``PinCoherenceService`` tells the engine it left).
+- ``DROPPED``: a router asked the engine to drop the session's pin (it sends the program
+  elsewhere; :mod:`enginehook.core.commands`).
 
 >>> table = PinTable(budget_blocks=10, ttl_cap_s=60.0)
 >>> table.pin("p1", blocks=4, now=0.0, ttl_s=2.0).pinned
@@ -60,6 +62,7 @@ class ReleaseReason(Enum):
     REPLACED = "replaced"
     SHUTDOWN = "shutdown"
     MOVED = "moved"
+    DROPPED = "dropped"
 
 
 @dataclass(slots=True)
@@ -235,6 +238,22 @@ class PinTable(Generic[H]):
         if sum(v.blocks for v in victims) < short:
             return None
         return victims
+
+    def extend(self, program_id: str, now: float, ttl_s: float) -> Pin[H] | None:
+        """Hold the program's pin until at least ``now + min(ttl_s, ttl_cap_s)`` (never
+        shorter than it stands); ``None`` when the program holds no pin."""
+        pin = self._pins.get(program_id)
+        if pin is None:
+            return None
+        ttl = clip_ttl(float(ttl_s), ceiling_s=None, cap_s=self.ttl_cap_s)
+        if now + ttl > pin.expires_at:
+            pin.expires_at = now + ttl
+            pin.ttl_s = pin.expires_at - pin.pinned_at
+            self._generation += 1
+            pin.generation = self._generation
+            self._overdue.discard(program_id)
+            heapq.heappush(self._heap, (pin.expires_at, pin.generation, program_id))
+        return pin
 
     # -- ending pins -------------------------------------------------------------------
     def release(self, program_id: str, reason: ReleaseReason) -> Pin[H] | None:

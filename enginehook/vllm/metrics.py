@@ -23,16 +23,29 @@ cachettl_cpu_tier{connector="OffloadingConnector"} 1
 from __future__ import annotations
 
 import bisect
+import hmac
+import ipaddress
+import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
+from urllib.parse import unquote
 
 from controlplane.records import NotPinnedCause, TurnCache
+from enginehook.core.commands import PinCommands
 
-__all__ = ["EXPIRED_BY_BUCKETS_S", "METRICS_MAX_CONNECTIONS", "METRICS_THREADS", "HookMetrics"]
+__all__ = [
+    "EXPIRED_BY_BUCKETS_S",
+    "METRICS_MAX_CONNECTIONS",
+    "METRICS_THREADS",
+    "PINS_PATH",
+    "HookMetrics",
+    "serve_metrics",
+]
 
 #: Upper bounds (seconds) of the expired-by histogram's buckets (then +Inf).
 EXPIRED_BY_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -243,38 +256,128 @@ METRICS_MAX_CONNECTIONS = 64
 METRICS_TIMEOUT_S = 5.0
 
 
-def serve_metrics(metrics: HookMetrics, listen: str) -> tuple[Any, int]:
+#: The pin commands' path prefix: ``POST {PINS_PATH}{session}:drop`` or ``:extend``,
+#: ``GET {PINS_PATH}commands/{id}``.
+PINS_PATH = "/cachettl/pins/"
+#: The largest command body read (``{"ttl_seconds": 30}``).
+COMMAND_MAX_BYTES = 1024
+#: HTTP status of each immediate answer.
+_STATUS = {"accepted": 202, "rejected": 400, "unsupported": 501}
+
+
+def serve_metrics(
+    metrics: HookMetrics,
+    listen: str,
+    commands: PinCommands | None = None,
+    token: str = "",
+    clock: Callable[[], float] = time.time,
+) -> tuple[Any, int]:
     """Serve ``GET /metrics`` (Prometheus text) on ``listen`` ("host:port", port 0: any)
-    from a daemon thread; returns the server and its port. Requests are answered by
-    :data:`METRICS_THREADS` threads; at most :data:`METRICS_MAX_CONNECTIONS` connections
-    are held (more are closed and counted in the server's ``refused``), each for at most
-    :data:`METRICS_TIMEOUT_S` seconds of silence."""
+    from a daemon thread; returns the server and its port. With ``commands``, a router's
+    pin commands too (:mod:`enginehook.core.commands`): ``POST /cachettl/pins/{session}:drop``,
+    ``POST /cachettl/pins/{session}:extend`` with ``{"ttl_seconds": N}``, answered with the
+    command as JSON (202 ``accepted``, 400 or 429 ``rejected``, 501 ``unsupported``), and
+    ``GET /cachettl/pins/commands/{id}`` for its outcome. A command needs
+    ``Authorization: Bearer TOKEN`` when the hook has a token, and comes from a loopback
+    address when it has none. Requests are answered by :data:`METRICS_THREADS` threads; at
+    most :data:`METRICS_MAX_CONNECTIONS` connections are held (more are closed and counted
+    in the server's ``refused``), each for at most :data:`METRICS_TIMEOUT_S` seconds of
+    silence."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(
             f"additional_config.cachettl.metrics_listen must be HOST:PORT, got {listen!r}"
         )
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = METRICS_TIMEOUT_S
-
-        def do_GET(self) -> None:
-            if self.path != "/metrics":
-                self.send_error(404)
-                return
-            body = metrics.prometheus().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            return
-
-    server = _PooledHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    attributes = {"hook_metrics": metrics, "commands": commands, "token": token}
+    handler = type("Handler", (_Endpoint,), {**attributes, "clock": staticmethod(clock)})
+    server = _PooledHTTPServer((host or "127.0.0.1", int(port)), handler)
     threading.Thread(target=server.serve_forever, name="cachettl-metrics", daemon=True).start()
     return server, int(server.server_address[1])
+
+
+class _Endpoint(BaseHTTPRequestHandler):
+    """The hook's endpoint (:func:`serve_metrics` gives each server its own subclass)."""
+
+    timeout = METRICS_TIMEOUT_S
+    hook_metrics: HookMetrics
+    commands: PinCommands | None
+    token: str
+    clock: Callable[[], float]
+
+    def do_GET(self) -> None:
+        if self.commands is not None and self.path.startswith(PINS_PATH + "commands/"):
+            answer = self.commands.get(unquote(self.path[len(PINS_PATH) + len("commands/") :]))
+            if answer is None:
+                self._json(404, {"error": "no such command (unknown or too old)"})
+            else:
+                self._json(200, answer)
+            return
+        if self.path != "/metrics":
+            self.send_error(404)
+            return
+        body = self.hook_metrics.prometheus().encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        if self.commands is None or not self.path.startswith(PINS_PATH):
+            self.send_error(404)
+            return
+        if not self._authorized():
+            self._json(403, {"error": "pin commands need the hook's bearer token"})
+            return
+        session, colon, action = unquote(self.path[len(PINS_PATH) :]).rpartition(":")
+        if not colon:
+            self._json(404, {"error": "expected /cachettl/pins/{session}:{drop|extend}"})
+            return
+        try:
+            ttl = self._ttl()
+        except ValueError as error:
+            self._json(400, {"state": "rejected", "detail": str(error)})
+            return
+        answer = self.commands.submit(action, session, self.clock(), ttl)
+        pending = answer["state"] == "rejected" and "pending" in answer.get("detail", "")
+        self._json(429 if pending else _STATUS[answer["state"]], answer)
+
+    def _authorized(self) -> bool:
+        if self.token:
+            given = self.headers.get("Authorization", "")
+            return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+        return ipaddress.ip_address(self.client_address[0]).is_loopback
+
+    def _ttl(self) -> float | None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > COMMAND_MAX_BYTES:
+            raise ValueError(f"body over {COMMAND_MAX_BYTES} bytes")
+        if length <= 0:
+            return None
+        try:
+            body = json.loads(self.rfile.read(length))
+        except ValueError:
+            raise ValueError("body is not JSON") from None
+        if not isinstance(body, dict) or set(body) - {"ttl_seconds"}:
+            raise ValueError('body must be {"ttl_seconds": N} or empty')
+        ttl = body.get("ttl_seconds")
+        if ttl is None:
+            return None
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+            raise ValueError(f"ttl_seconds must be a number, got {ttl!r}")
+        return float(ttl)
+
+    def _json(self, status: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        return
 
 
 class _PooledHTTPServer(HTTPServer):

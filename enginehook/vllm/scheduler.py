@@ -40,6 +40,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
+from enginehook.core.commands import PinCommands
 from enginehook.core.config import HookConfig
 from enginehook.core.lifecycle import PinController
 from enginehook.core.pins import Pin, ReleaseReason
@@ -95,7 +96,9 @@ class CacheTTLMixin:
         self.active = config.enabled and passthrough is None
         self.clock: Callable[[], float] = time.time
         self._pool = self.kv_cache_manager.block_pool
-        self.services = HookServices(config, self.vllm_config)
+        #: Routers' drop / extend commands (the hook's endpoint), settled in schedule().
+        self.commands = PinCommands(self.active)
+        self.services = HookServices(config, self.vllm_config, self.commands)
         self.metrics, self.decider = self.services.metrics, self.services.decider
         self.emit = self.services.emit
         if passthrough is not None:
@@ -113,6 +116,7 @@ class CacheTTLMixin:
         self.pins = self.controller.pins
         inbox = engine_input_queue() if self.active else None
         self.idle = IdleExpiry(inbox, lambda: len(self.pins), lambda: self.metrics.schedule_calls)
+        self.commands.on_submit = self.idle.wake  # an idle engine settles a command at once
         self.coherence: CoherenceLink | None = None
         if self.active and config.control_plane and config.coherence:
             engine_id = self.services.engine_id
@@ -208,6 +212,8 @@ class CacheTTLMixin:
         try:
             self.controller.expire(now)
             self._moved_away()
+            if self.commands:
+                self.commands.apply(self.controller, now)
             if queue is not None:
                 queue.mark_dirty()
         except Exception as exc:
@@ -396,8 +402,11 @@ class CacheTTLMixin:
     def has_requests(self) -> bool:
         if self.idle.take():  # an idle engine woken to expire pins (enginehook.vllm.idle)
             try:
-                self.controller.expire(self.clock())
+                now = self.clock()
+                self.controller.expire(now)
                 self._moved_away()
+                if self.commands:
+                    self.commands.apply(self.controller, now)
             except Exception as exc:
                 self._fault("has_requests", None, exc)
         return super().has_requests()  # type: ignore[misc,no-any-return]

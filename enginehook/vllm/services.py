@@ -1,6 +1,7 @@
 """What the vLLM hook runs beside its pin controller: the TTL decider on the latest model
 snapshot, the event sink to the control plane, the metrics and their endpoint, and the CPU
-tier detected from the engine's config. Engine-independent (nothing here imports vLLM).
+tier detected from the engine's config; the endpoint also takes routers' pin commands
+(:mod:`enginehook.core.commands`). Engine-independent (nothing here imports vLLM).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import logging
 import uuid
 from typing import Any
 
+from enginehook.core.commands import PinCommands
 from enginehook.core.config import HookConfig, detect_cpu_tier
 from enginehook.core.decide import TtlDecider
 from enginehook.core.lifecycle import FinishedTurn
@@ -29,7 +31,9 @@ class HookServices:
     wins; every decision is counted by basis) and receives its events.
     """
 
-    def __init__(self, config: HookConfig, vllm_config: Any) -> None:
+    def __init__(
+        self, config: HookConfig, vllm_config: Any, commands: PinCommands | None = None
+    ) -> None:
         self.config = config
         self.engine_id = uuid.uuid4().hex[:12]
         self.metrics = HookMetrics()
@@ -47,7 +51,9 @@ class HookServices:
         self.metrics.set_sink(self.sink.counters)
         self._server: Any = None
         if config.metrics_listen:
-            self._server, port = serve_metrics(self.metrics, config.metrics_listen)
+            self._server, port = serve_metrics(
+                self.metrics, config.metrics_listen, commands, token=config.token
+            )
             logger.info("CacheTTL metrics on port %d", port)
 
     def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,7 @@ class Stack:
     plane: ControlPlaneProcess
     event_log: Path
     metrics_port: int
+    token: str  # the hook's: a router's pin commands carry it
 
     def client(self) -> Any:
         from openai import OpenAI
@@ -89,7 +91,8 @@ def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     server = start_vllm_server(tiny_model, port, hook, work / "vllm.log")
     try:
         wait_for(lambda: vllm_healthy(server, port, work / "vllm.log"), 300, "the vLLM server")
-        yield Stack(f"http://127.0.0.1:{port}/v1", str(tiny_model), plane, event_log, metrics_port)
+        url = f"http://127.0.0.1:{port}/v1"
+        yield Stack(url, str(tiny_model), plane, event_log, metrics_port, token)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -261,3 +264,55 @@ def test_control_plane_killed_mid_run_serving_continues_no_event_lost(stack):
     assert lines["cachettl_control_plane_events_rejected_total"] == "0"
     assert int(lines["cachettl_event_log_written_total"]) >= len(events)
     assert lines["cachettl_event_log_dropped_total"] == "0"
+
+
+def _command(
+    stack: Stack, method: str, path: str, body: bytes | None = None, token: str | None = None
+) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{stack.metrics_port}/cachettl/pins/{path}",
+        body,
+        {"Authorization": f"Bearer {stack.token if token is None else token}"},
+        method=method,
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as r:
+            return dict(json.loads(r.read()))
+    except urllib.error.HTTPError as error:
+        return dict(json.loads(error.read()))
+
+
+def test_a_router_extends_then_drops_a_live_pin_on_an_idle_engine(stack):
+    import random
+    import time
+
+    rng = random.Random(3)
+    agent = Agent(stack, "agent-D", rng)
+    agent.turn()  # pinned for 60 s; nothing else runs, so the engine goes idle
+    extend = _command(stack, "POST", "agent-D:extend", b'{"ttl_seconds": 120}')
+    assert extend["state"] == "accepted"
+    wait_for(
+        lambda: _command(stack, "GET", f"commands/{extend['id']}")["state"] != "accepted",
+        2,
+        "the extend settled on the idle engine",
+    )
+    settled = _command(stack, "GET", f"commands/{extend['id']}")
+    assert settled["state"] == "applied"
+    assert settled["expires_at"] > time.time() + 100  # held for 120 s from now, not 60
+    drop = _command(stack, "POST", "agent-D:drop")
+    wait_for(
+        lambda: _command(stack, "GET", f"commands/{drop['id']}")["state"] == "applied",
+        2,
+        "the pin dropped within 2 s",
+    )
+    assert int(_metrics(stack)['cachettl_pin_releases_total{reason="dropped"}']) == 1
+    again = _command(stack, "POST", "agent-D:drop")  # nothing left to drop
+    wait_for(
+        lambda: _command(stack, "GET", f"commands/{again['id']}")["state"] == "expired",
+        2,
+        "a second drop settles as expired",
+    )
+    assert _command(stack, "POST", "agent-D:offload")["state"] == "unsupported"
+    assert _command(stack, "POST", "agent-D:drop", token="wrong") == {
+        "error": "pin commands need the hook's bearer token"
+    }
