@@ -56,6 +56,7 @@ LEARNERS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "ADWIN every sample": ({"detector": "adwin-fast"}, {}),
     "ADWIN every sample + drift prior": ({"detector": "adwin-fast", "drift_prior": 30.0}, {}),
     "CUSUM + drift prior": ({"detector": "cusum", "drift_prior": 30.0}, {}),
+    "CUSUM + drift prior K": ({"detector": "cusum", "drift_prior": 100.0}, {}),
 }
 #: Not a learner: told the change point and the old law's shape, it estimates only the
 #: scale of the new law from the key's k new samples (the mean shift of log-durations).
