@@ -376,12 +376,14 @@ class Simulation:
     ) -> tuple[int, float]:
         """Fold consecutive decode-only steps of an unchanged batch into one event."""
         running = self.engine.running
-        if len(scheduled) != len(running) or any(r.prefilling for r, _ in scheduled):
+        if now + dt >= limit or len(scheduled) != len(running):
+            return 1, dt  # the limit falls within this step, or it admits requests
+        if any(r.prefilling for r in running):
             return 1, dt
         steps = min(r.output_tokens - r.generated for r in running)
-        context = sum(r.computed for r in running) + 2 * len(running)
-        if steps <= 1 or now + dt >= limit:
+        if steps <= 1:
             return 1, dt
+        context = sum(r.computed for r in running) + 2 * len(running)
         extra = self.timer.decode_run(len(running), context, steps - 1, now + dt, limit)
         count, total = extra
         block = self.config.block_size
