@@ -11,9 +11,14 @@ Configure it on a deployment whose replicas publish CacheTTL's routing stats
         request_routing_stats_period_s=1.0,
     )
 
-The program is the request's ``metadata.session_id`` (``handle.options(session_id=...)``,
-or the HTTP header ``x-session-id``, ``RAY_SERVE_SESSION_ID_HEADER_KEY``). The prompt's
-tokens, when the first argument is a mapping with ``prompt_tokens``, refine the credit.
+Each replica's ``record_routing_stats`` returns ``replica_stats(controller, ...,
+now=time.time(), running=..., waiting=[Queued(program, key, prompt_tokens), ...])`` from
+its own queue (``waiting=None`` where it cannot see it: the wait is then all its queued
+prompt tokens). The program is the request's ``metadata.session_id``
+(``handle.options(session_id=...)``, or the HTTP header ``x-session-id``,
+``RAY_SERVE_SESSION_ID_HEADER_KEY``). The prompt's tokens, when the first argument is a
+mapping with ``prompt_tokens``, refine the credit and count as work the routed replica
+has queued until its next stats.
 """
 
 from __future__ import annotations
@@ -47,10 +52,13 @@ def _program(request: PendingRequest | None) -> str | None:
 
 
 class TtlAwareRequestRouter(RequestRouter):  # type: ignore[misc,unused-ignore]
-    """Back to the pin's holder while the pin lives, unless waiting there costs more than a
-    recompute elsewhere; a new program to the replica with the most KV neither used nor
-    pinned. The pins are read from the replicas' routing stats; the router itself keeps
-    only where each program last ran (for the decaying credit)."""
+    """The rules of :mod:`enginehook.routing.rule`: back to the pin's holder while the pin
+    lives, unless the wait saved elsewhere exceeds the recompute times (1 + the requests on
+    the other replica); a new program to the shortest queue-order wait, then the fewest
+    bound programs, the fewest running requests, the most KV neither used nor pinned. Pins,
+    waits and counts are read from the replicas' routing stats; the router itself keeps
+    where each program last ran (for the decaying credit) and the routes since each
+    replica's stats (added to them)."""
 
     def initialize_state(self, **kwargs: Any) -> None:
         decay = kwargs.pop("credit_decay_s", 60.0)
@@ -71,10 +79,10 @@ class TtlAwareRequestRouter(RequestRouter):  # type: ignore[misc,unused-ignore]
         if not hasattr(self, "memory"):  # initialize_state is only called with kwargs set
             self.initialize_state()
         now = time.time()
-        views = [
+        views = self.memory.current(
             view_of(r.replica_id.unique_id, r.routing_stats, self.prefill_tokens_per_s)
             for r in candidates
-        ]
+        )
         self.memory.observe(views, now)
         program = _program(request)
         decision = route(

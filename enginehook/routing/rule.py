@@ -1,36 +1,64 @@
 """The TTL-aware routing rule as a pure function of what the replicas publish.
 
-Each replica publishes (:func:`replica_stats`) its live pins ``{program: (expires_at,
-tokens)}``, its KV neither used nor pinned, its queued prompt tokens and its prefill rate.
-The router keeps, per program, where it last ran (:class:`Memory`). For one request:
+Each replica publishes (:func:`replica_stats`, from the :class:`PinController` the engine
+hook runs) its live pins ``{program: (expires_at, tokens, ahead_tokens)}``, its KV neither
+used nor pinned, its running and queued requests, its queued prompt tokens, the programs
+**bound** to it (those its controller keeps: running, queued, pinned or away in a tool call,
+until the program ends, moves or idles out), the work its own queue order puts ahead of a
+new program's turn, its prefill rate and when it took the stats. The router keeps, per
+program, where it last ran, and the requests it routed since each replica's stats
+(:class:`Memory`; :meth:`Memory.current` adds them to the views).
+
+A turn's **wait** on replica ``e`` is the prefill time of the work ``e`` would serve before
+it: the rest of the running prefills and the queued turns ``e``'s own queue order
+(:meth:`PinController.order_key`) puts first, each less the prefix pinned for it. For a
+program pinned on ``e`` that is the pin's ``ahead_tokens``; for any other turn the
+replica's ``ahead_tokens``, the work ahead of a program it has never seen (a replica that
+publishes no queue view: all its queued prompt tokens, the earlier wait). For one request:
 
 1. **Live pin** on replica ``h`` (a published pin whose ``expires_at`` is after ``now``): go
-   to ``h`` unless ``wait(h) - wait(b) > prefill_b(T)``, where ``b`` is the other replica with
-   the shortest expected wait (queued tokens at its prefill rate) and ``T`` the pinned
-   tokens. When the turn goes to ``b``, ``h`` must drop the pin at once
-   (:attr:`Route.drop_from`; the engines' pin coherence through the control plane does it).
+   to ``h`` unless ``wait(h) - wait(b) > prefill_b(T) * (1 + n_b)``, where ``b`` is the other
+   replica where the turn would wait least, ``T`` the pinned tokens and ``n_b`` the
+   requests running or queued on ``b`` (the recompute delays each of them too). When the
+   turn goes to ``b``, ``h`` must drop the pin at once (:attr:`Route.drop_from`; the
+   engines' pin coherence through the control plane does it).
 2. **No live pin**, the program ran before: every replica costs ``wait(e) +
    prefill_e(prompt - credit(e))``; the replica it last ran on gets a prefix credit of its
    context that decays as ``exp(-age / credit_decay_s)`` from when its pin was last seen
    alive (or from its last routing when it was never pinned); the lowest cost wins, ties
    to the most free KV.
-3. **New program** (no pin, never seen): the replica with the most KV neither used nor
-   pinned (ties: the fewest queued tokens, then the lowest id).
+3. **New program** (no pin, never seen): the shortest wait; ties (idle queues) to the
+   fewest bound programs, then the fewest running requests, then the most KV neither used
+   nor pinned, then the lowest id.
 4. **Topology**: the holder is read from the published pins, not from a hash of the
-   replica set, so a replica that joins takes new programs only and live pins are never
-   remapped; a replica that leaves takes its pins with it (rule 2 on the next turn).
+   replica set, so a replica that joins takes new programs only (with no bound programs it
+   wins rule 3's ties) and live pins are never remapped; a replica that leaves takes its
+   pins with it (rule 2 on the next turn).
 
-The same rule as the simulator's ``ttl-aware`` router (``simulator/cluster/ttlaware.py``).
+The simulator's ``ttl-aware`` router (``simulator/cluster/ttlaware.py``) runs the same
+rules; what a replica can publish differs in three places. (a) A turn with no live pin on
+``e`` is charged the wait of a program ``e`` has never seen; the simulator asks ``e``'s
+queue order for the program itself, which for the replica it last ran on can put it
+earlier (orders by a program's first arrival): there this wait is an upper bound. (b) The
+held prefix taken off queued turns is their pin (and what the host passes as
+``cached_tokens``), not every cached block. (c) Bound programs are the replica's
+controller's programs, forgotten also when a program idles past ``idle_program_s`` or the
+controller's bound on programs; the simulator's router counts its own routings until it
+hears the program end. The stats are as old as ``at``: :meth:`Memory.current` counts the
+routes made since (a new program bound, a request queued, its prompt as work ahead of
+turns that hold no pin there).
 Nothing here reads a clock or imports Ray.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections import OrderedDict
+from bisect import bisect_left
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from enginehook.core.lifecycle import PinController
 
@@ -39,6 +67,7 @@ __all__ = [
     "Last",
     "Memory",
     "PinView",
+    "Queued",
     "ReplicaView",
     "Route",
     "replica_stats",
@@ -50,29 +79,51 @@ __all__ = [
 STATS_KEY = "cachettl"
 #: Programs a :class:`Memory` keeps (the least recently seen go first).
 MAX_PROGRAMS = 65_536
+#: Routes a :class:`Memory` keeps to catch stale stats up (the oldest go first).
+MAX_ROUTES = 4_096
+#: The request id of a turn that arrives now, after every queued one of its class.
+_LAST_RID = "\U0010ffff"
 
 
 @dataclass(frozen=True, slots=True)
 class PinView:
-    """One published pin: when it expires (seconds, the replicas' clock) and its tokens."""
+    """One published pin: when it expires (seconds, the replicas' clock), its tokens, and the
+    prompt tokens its holder serves before the program's return (``None``: not published)."""
 
     expires_at: float
     tokens: int
+    ahead_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaView:
-    """What the router knows of one replica."""
+    """What the router knows of one replica (see the module's rules). ``ahead_tokens``:
+    prompt tokens served before a program the replica has never seen (``None``: the replica
+    publishes no queue view, the wait counts all of ``queued_tokens``); ``running`` and
+    ``waiting``: requests; ``bound``: programs bound to it; ``at``: when the stats were taken
+    (``None``: unknown, nothing is added to them)."""
 
     replica_id: str
     free_tokens: int = 0
     queued_tokens: int = 0
     prefill_tokens_per_s: float = 1_000.0
     pins: Mapping[str, PinView] = field(default_factory=dict)
+    running: int = 0
+    waiting: int = 0
+    bound: int = 0
+    ahead_tokens: int | None = None
+    at: float | None = None
 
-    def wait_s(self) -> float:
-        """Expected wait: the queued prompt tokens at the prefill rate."""
-        return self.prefill_s(self.queued_tokens)
+    def ahead(self, program: str | None, now: float) -> int:
+        """Prompt tokens this replica serves before a turn of ``program`` arriving now."""
+        pin = self.live_pin(program, now) if program is not None else None
+        if pin is not None and pin.ahead_tokens is not None:
+            return pin.ahead_tokens
+        return self.queued_tokens if self.ahead_tokens is None else self.ahead_tokens
+
+    def wait_s(self, program: str | None = None, now: float = 0.0) -> float:
+        """The turn's wait: :meth:`ahead` at the prefill rate."""
+        return self.prefill_s(self.ahead(program, now))
 
     def prefill_s(self, tokens: float) -> float:
         return max(0.0, tokens) / self.prefill_tokens_per_s
@@ -129,52 +180,75 @@ def route(
     if program is not None:
         held = [(r, pin) for r in replicas if (pin := r.live_pin(program, now)) is not None]
         if held:
-            return _pinned(held, replicas, last)
-    if program is None or last is None:
-        order = sorted(replicas, key=lambda r: (-r.free_tokens, r.queued_tokens, r.replica_id))
-        return Route(tuple(r.replica_id for r in order), "new")
+            return _pinned(program, held, replicas, now, last)
+    if program is None or last is None:  # rule 3
+
+        def place(r: ReplicaView) -> tuple[float, int, int, int, str]:
+            return (r.wait_s(program, now), r.bound, r.running, -r.free_tokens, r.replica_id)
+
+        return Route(tuple(r.replica_id for r in sorted(replicas, key=place)), "new")
     prompt = prompt_tokens if prompt_tokens is not None else last.tokens
 
-    def cost(r: ReplicaView) -> tuple[float, int, str]:
+    def cost(r: ReplicaView) -> tuple[float, int, str]:  # rule 2
         credit = 0.0
         if r.replica_id == last.replica_id:
             age = max(0.0, now - last.since)
             credit = min(last.tokens, prompt) * math.exp(-age / credit_decay_s)
-        return (r.wait_s() + r.prefill_s(prompt - credit), -r.free_tokens, r.replica_id)
+        wait = r.wait_s(program, now)
+        return (wait + r.prefill_s(prompt - credit), -r.free_tokens, r.replica_id)
 
     order = sorted(replicas, key=cost)
     return Route(tuple(r.replica_id for r in order), "credit")
 
 
 def _pinned(
-    held: list[tuple[ReplicaView, PinView]], replicas: Sequence[ReplicaView], last: Last | None
+    program: str,
+    held: list[tuple[ReplicaView, PinView]],
+    replicas: Sequence[ReplicaView],
+    now: float,
+    last: Last | None,
 ) -> Route:
+    """Rule 1."""
     # One pin per program; should two replicas publish one (a stale view), the replica it
     # last ran on, else the later expiry, is the holder.
     holder, pin = max(
         held,
         key=lambda hp: (last is not None and hp[0].replica_id == last.replica_id, hp[1].expires_at),
     )
+    waits = {r.replica_id: r.wait_s(program, now) for r in replicas}
     others = sorted(
-        (r for r in replicas if r is not holder), key=lambda r: (r.wait_s(), r.replica_id)
+        (r for r in replicas if r is not holder), key=lambda r: (waits[r.replica_id], r.replica_id)
     )
     if not others:
         return Route((holder.replica_id,), "pin")
     best = others[0]
-    if holder.wait_s() - best.wait_s() <= best.prefill_s(pin.tokens):
+    recompute = best.prefill_s(pin.tokens) * (1 + best.running + best.waiting)
+    if waits[holder.replica_id] - waits[best.replica_id] <= recompute:
         return Route((holder.replica_id, *(r.replica_id for r in others)), "pin")
     ranked = (*(r.replica_id for r in others), holder.replica_id)
     return Route(ranked, "escape", drop_from=holder.replica_id)
 
 
-class Memory:
-    """Per program, the replica it last ran on (the router's own state; bounded)."""
+class _Routed(NamedTuple):
+    at: float
+    replica_id: str
+    new_here: bool  # the program was not bound there before
+    tokens: int
 
-    def __init__(self, max_programs: int = MAX_PROGRAMS) -> None:
+
+class Memory:
+    """Per program, the replica it last ran on, and the latest routes (the router's own
+    state; both bounded)."""
+
+    def __init__(self, max_programs: int = MAX_PROGRAMS, max_routes: int = MAX_ROUTES) -> None:
         if max_programs < 1:
             raise ValueError(f"max_programs must be >= 1, got {max_programs}")
+        if max_routes < 1:
+            raise ValueError(f"max_routes must be >= 1, got {max_routes}")
         self.max_programs = max_programs
+        self.max_routes = max_routes
         self._last: OrderedDict[str, Last] = OrderedDict()
+        self._routes: deque[_Routed] = deque(maxlen=max_routes)
 
     def get(self, program: str | None) -> Last | None:
         return self._last.get(program) if program is not None else None
@@ -199,37 +273,141 @@ class Memory:
     def routed(self, program: str | None, replica_id: str, now: float, tokens: int = 0) -> None:
         """A request of ``program`` was sent to ``replica_id``: the context it leaves there is
         what it had (its last known context, or ``tokens``, whichever is larger)."""
+        before = self._last.get(program) if program is not None else None
+        new_here = program is not None and (before is None or before.replica_id != replica_id)
+        self._routes.append(_Routed(now, replica_id, new_here, max(0, tokens)))
         if program is None:
             return
-        before = self._last.get(program)
         kept = before.tokens if before is not None else 0
         self._put(program, Last(replica_id, now, max(kept, tokens)))
 
+    def current(self, replicas: Iterable[ReplicaView]) -> list[ReplicaView]:
+        """The views with the routes made since each was taken (its ``at``) added: a
+        program new there is bound, a request waits, its prompt is work ahead of a turn that
+        holds no pin there (a pinned return goes ahead of it under ``cachettl``'s order)."""
+        out = []
+        for r in replicas:
+            mine = []
+            for x in reversed(self._routes):  # newest first, in routing order
+                if r.at is None or x.at <= r.at:
+                    break
+                if x.replica_id == r.replica_id:
+                    mine.append(x)
+            if not mine:
+                out.append(r)
+                continue
+            tokens = sum(x.tokens for x in mine)
+            out.append(
+                dataclasses.replace(
+                    r,
+                    waiting=r.waiting + len(mine),
+                    bound=r.bound + sum(x.new_here for x in mine),
+                    queued_tokens=r.queued_tokens + tokens,
+                    ahead_tokens=None if r.ahead_tokens is None else r.ahead_tokens + tokens,
+                )
+            )
+        return out
+
     def forget(self, program: str) -> None:
         self._last.pop(program, None)
+
+
+class Queued(NamedTuple):
+    """One waiting request as its replica's host sees it: its program, its queue key (what
+    the host's queue sorts by, :meth:`PinController.order_key`), its prompt tokens and the
+    prefix the host holds for it besides a pin (``cached_tokens``)."""
+
+    program_id: str | None
+    key: tuple[object, ...]
+    prompt_tokens: int
+    cached_tokens: int = 0
 
 
 def replica_stats(
     controller: PinController[Any],
     *,
     free_tokens: int,
-    queued_tokens: int,
     prefill_tokens_per_s: float,
     tokens_per_block: int,
+    now: float,
+    running: int = 0,
+    prefilling_tokens: int = 0,
+    waiting: Iterable[Queued] | None = None,
+    queued_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The routing stats a replica publishes from its pin controller (the same object the
     engine hook runs): ``{STATS_KEY: {...}}``, JSON-ready. ``free_tokens``: KV neither used
-    nor pinned."""
-    pins = {p.program_id: [p.expires_at, p.blocks * tokens_per_block] for p in controller.pins}
-    return {
-        STATS_KEY: {
-            "pins": pins,
-            "free_tokens": int(free_tokens),
-            "pinned_tokens": controller.pins.pinned_blocks * tokens_per_block,
-            "queued_tokens": int(queued_tokens),
-            "prefill_tokens_per_s": float(prefill_tokens_per_s),
-        }
+    nor pinned; ``now``: the replica's clock; ``running``: requests running;
+    ``prefilling_tokens``: what their prefills have left; ``waiting``: the waiting requests
+    (``None``: the host cannot see its queue; the router then counts ``queued_tokens`` as
+    every turn's wait); ``queued_tokens``: defaults to the waiting prompts less their held
+    prefix."""
+    pins = controller.pins
+    block: dict[str, Any] = {
+        "pins": {p.program_id: [p.expires_at, p.blocks * tokens_per_block] for p in pins},
+        "free_tokens": int(free_tokens),
+        "pinned_tokens": pins.pinned_blocks * tokens_per_block,
+        "running": int(running),
+        "bound": controller.programs,
+        "prefill_tokens_per_s": float(prefill_tokens_per_s),
+        "at": float(now),
     }
+    queue = sorted(
+        ((q.key, _to_compute(controller, q, tokens_per_block)) for q in (waiting or ())),
+        key=lambda kt: kt[0],
+    )
+    block["waiting"] = len(queue)
+    total = sum(t for _, t in queue)
+    block["queued_tokens"] = int(queued_tokens if queued_tokens is not None else total)
+    if waiting is None:
+        return {STATS_KEY: block}
+    keys = [k for k, _ in queue]
+    before = [int(prefilling_tokens)]  # before[i]: the work ahead of the queue's i-th turn
+    for _, tokens in queue:
+        before.append(before[-1] + tokens)
+
+    def ahead(program: str | None) -> int:  # a turn of ``program`` arriving now
+        return before[bisect_left(keys, controller.order_key(0, False, program, now, _LAST_RID))]
+
+    block["ahead_tokens"] = ahead(None)
+    for program, value in block["pins"].items():
+        value.append(ahead(program))
+    return {STATS_KEY: block}
+
+
+def _to_compute(controller: PinController[Any], q: Queued, tokens_per_block: int) -> int:
+    """A waiting request's prompt less the prefix held for it (its program's pin, or the
+    host's ``cached_tokens``), at most all but one token (as an engine computes the last)."""
+    pin = controller.pins.get(q.program_id) if q.program_id is not None else None
+    held = max(pin.blocks * tokens_per_block if pin is not None else 0, q.cached_tokens)
+    return q.prompt_tokens - max(0, min(held, q.prompt_tokens - 1))
+
+
+def _int(replica_id: str, block: Mapping[str, Any], name: str) -> int | None:
+    value = block.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"routing stats of {replica_id}: {name} must be an integer") from e
+
+
+def _pins(replica_id: str, block: Mapping[str, Any]) -> dict[str, PinView]:
+    pins: dict[str, PinView] = {}
+    for program, value in dict(block.get("pins") or {}).items():
+        try:
+            expires_at, tokens, *rest = value
+            if len(rest) > 1:
+                raise ValueError(value)
+            ahead = int(rest[0]) if rest and rest[0] is not None else None
+            pins[str(program)] = PinView(float(expires_at), int(tokens), ahead)
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                f"routing stats of {replica_id}: pins[{program!r}] must be "
+                "[expires_at, tokens] or [expires_at, tokens, ahead_tokens]"
+            ) from e
+    return pins
 
 
 def view_of(
@@ -242,20 +420,26 @@ def view_of(
         return ReplicaView(replica_id, prefill_tokens_per_s=default_prefill_tokens_per_s)
     if not isinstance(block, Mapping):
         raise ValueError(f"routing stats of {replica_id}: {STATS_KEY} must be a mapping")
-    pins: dict[str, PinView] = {}
-    for program, value in dict(block.get("pins") or {}).items():
-        try:
-            expires_at, tokens = value
-            pins[str(program)] = PinView(float(expires_at), int(tokens))
-        except (TypeError, ValueError) as e:
-            raise ValueError(
-                f"routing stats of {replica_id}: pins[{program!r}] must be [expires_at, tokens]"
-            ) from e
-    fields = {}
-    for name in ("free_tokens", "queued_tokens"):
-        try:
-            fields[name] = int(block.get(name, 0))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"routing stats of {replica_id}: {name} must be an integer") from e
-    rate = float(block.get("prefill_tokens_per_s", default_prefill_tokens_per_s))
-    return ReplicaView(replica_id, fields["free_tokens"], fields["queued_tokens"], rate, pins)
+    free, queued, running, waiting, bound = (
+        _int(replica_id, block, name) or 0
+        for name in ("free_tokens", "queued_tokens", "running", "waiting", "bound")
+    )
+    try:
+        rate = float(block.get("prefill_tokens_per_s", default_prefill_tokens_per_s))
+        at = None if block.get("at") is None else float(block["at"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"routing stats of {replica_id}: prefill_tokens_per_s and at must be numbers"
+        ) from e
+    return ReplicaView(
+        replica_id,
+        free,
+        queued,
+        rate,
+        _pins(replica_id, block),
+        running,
+        waiting,
+        bound,
+        ahead_tokens=_int(replica_id, block, "ahead_tokens"),
+        at=at,
+    )

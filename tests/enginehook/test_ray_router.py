@@ -3,9 +3,10 @@ hold a real PinController (the object the engine hook and the simulator run) fed
 requests they serve, publishing their pins through ``record_routing_stats``, and
 ``enginehook.routing.ray:TtlAwareRequestRouter`` choosing among them in the handle.
 
-Asserted: a new program goes to the replica with the most KV neither used nor pinned; a
-returning program's turns go to its pin's holder (even where another replica has more room);
-a replica added later takes new programs and no program with a live pin."""
+Asserted: a new program goes to the replica with the fewest programs bound to it (every
+queue is idle, so waits tie), then the most KV neither used nor pinned; a returning
+program's turns go to its pin's holder (even where another replica has more room); a replica
+added later takes new programs and no program with a live pin."""
 
 from __future__ import annotations
 
@@ -103,13 +104,16 @@ class PinnedReplica:
         return {"replica": self.replica_id, "hit": hit, "pinned": self.controller.pinned(program)}
 
     def record_routing_stats(self) -> dict[str, Any]:
-        self.controller.expire(time.time())
+        now = time.time()
+        self.controller.expire(now)
+        # a call is served whole when it arrives: nothing runs or waits between calls
         return replica_stats(
             self.controller,
             free_tokens=self.host.free_tokens(),
-            queued_tokens=0,
             prefill_tokens_per_s=1_000.0,
             tokens_per_block=BLOCK,
+            now=now,
+            waiting=[],
         )
 
 
@@ -156,11 +160,11 @@ def _turn(handle: Any, program: str, tokens: int) -> dict[str, Any]:
     return reply
 
 
-def test_turns_follow_their_pins_and_new_programs_the_free_kv(cluster: Any) -> None:
+def test_turns_follow_their_pins_and_new_programs_the_fewest_bound(cluster: Any) -> None:
     handle = serve.run(_app(2), name="ttl", route_prefix=None)
     a = _turn(handle, "prog-a", 2_048)["replica"]  # both empty: either
     time.sleep(SETTLE_S)
-    b = _turn(handle, "prog-b", 512)["replica"]  # the other one: more free unpinned KV
+    b = _turn(handle, "prog-b", 512)["replica"]  # the other one: no program bound to it
     assert b != a
     time.sleep(SETTLE_S)
     # prog-a's holder has less free KV than prog-b's, yet prog-a goes back to it, a hit
@@ -169,10 +173,13 @@ def test_turns_follow_their_pins_and_new_programs_the_free_kv(cluster: Any) -> N
         assert (reply["replica"], reply["hit"]) == (holder, True), program
         time.sleep(SETTLE_S)
     c = _turn(handle, "prog-c", 256)["replica"]
-    assert c == b  # prog-b's replica pins 512 tokens, prog-a's 2,048
+    # one program bound to each: the tie goes to the most free unpinned KV, prog-b's replica
+    # (it pins 512 tokens, prog-a's 2,048)
+    assert c == b
     time.sleep(SETTLE_S)
 
-    # a third replica joins: the empty one takes the next new program, no pinned one moves
+    # a third replica joins: with no program bound (prog-a's holds one, prog-b's two) it
+    # takes the next new program; no pinned one moves
     handle = serve.run(_app(3), name="ttl", route_prefix=None)
     time.sleep(SETTLE_S)
     for program, holder, tokens in (("prog-a", a, 2_048), ("prog-b", b, 512), ("prog-c", c, 256)):

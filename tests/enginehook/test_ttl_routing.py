@@ -1,7 +1,9 @@
-"""The TTL-aware routing rule (enginehook.routing.rule), without Ray: stickiness while the pin
-lives, the wait-versus-recompute escape, the decaying credit after expiry, new programs to the
-most free unpinned KV, no remap of live pins when a replica joins, and the stats a real pin
-controller publishes."""
+"""The TTL-aware routing rule (enginehook.routing.rule), without Ray, one test or more per
+numbered rule: stickiness while the pin lives, the escape only when the wait saved exceeds
+the recompute times (1 + the rival's requests), waits in the replica's own queue order, the
+decaying credit after expiry, new programs by wait then bound programs then running requests
+then free KV, no remap of live pins when a replica joins; the routes a router made since a
+replica's stats; and the stats a real pin controller publishes from its queue."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from enginehook.routing import (
     Last,
     Memory,
     PinView,
+    Queued,
     ReplicaView,
     replica_stats,
     route,
@@ -25,8 +28,19 @@ from tests.enginehook.hosts import MinimalHost
 RATE = 1_000.0  # prefill tokens per second
 
 
-def _r(rid: str, *, free: int = 1_000, queued: int = 0, **pins: PinView) -> ReplicaView:
-    return ReplicaView(rid, free, queued, RATE, pins)
+def _r(
+    rid: str,
+    *,
+    free: int = 1_000,
+    queued: int = 0,
+    ahead: int | None = None,
+    running: int = 0,
+    waiting: int = 0,
+    bound: int = 0,
+    at: float | None = None,
+    **pins: PinView,
+) -> ReplicaView:
+    return ReplicaView(rid, free, queued, RATE, pins, running, waiting, bound, ahead, at)
 
 
 def test_a_live_pin_keeps_its_program_on_the_holder_even_when_others_have_more_room() -> None:
@@ -39,7 +53,7 @@ def test_a_live_pin_keeps_its_program_on_the_holder_even_when_others_have_more_r
 
 
 def test_the_holder_is_escaped_when_its_wait_exceeds_the_recompute() -> None:
-    # holder waits 3 s more than b; recomputing 2,000 pinned tokens on b costs 2 s
+    # holder waits 3 s more than b; recomputing 2,000 pinned tokens on an idle b costs 2 s
     a = _r("a", queued=3_000, p=PinView(50.0, 2_000))
     b = _r("b", queued=0)
     decision = route("p", [a, b], now=10.0)
@@ -49,6 +63,43 @@ def test_the_holder_is_escaped_when_its_wait_exceeds_the_recompute() -> None:
     # with 2 s of queue the wait no longer exceeds the 2 s recompute: it stays
     a2 = _r("a", queued=2_000, p=PinView(50.0, 2_000))
     assert route("p", [a2, b], now=10.0).ranked[0] == "a"
+
+
+def test_the_recompute_counts_once_per_request_on_the_rival() -> None:
+    # 3 s saved against 1,000 pinned tokens (1 s) recomputed on b, which delays b's requests
+    a = _r("a", ahead=3_000, p=PinView(50.0, 1_000, ahead_tokens=3_000))
+    for running, waiting, rule in (
+        (0, 0, "escape"),
+        (1, 0, "escape"),
+        (1, 1, "pin"),
+        (0, 5, "pin"),
+    ):
+        b = _r("b", ahead=0, running=running, waiting=waiting)
+        # 1 s x (1 + n_b) against 3 s: 1 s, 2 s escape; 3 s (not more) and 6 s stay
+        assert route("p", [a, b], now=10.0).rule == rule, (running, waiting)
+    # b is the rival where the turn waits least, not the idlest: c waits 1 s more
+    b = _r("b", ahead=0, running=2)
+    c = _r("c", ahead=1_000)
+    assert route("p", [a, b, c], now=10.0).ranked == ("a", "b", "c")
+
+
+def test_waits_follow_the_replicas_queue_order() -> None:
+    # 50,000 queued prompt tokens on the holder, but its queue order puts p's return ahead of
+    # all but 500 of them: it stays where the wait as all queued tokens would escape (50 s
+    # against recomputing 2,000 tokens on the idle b, 2 s)
+    a = _r("a", queued=50_000, ahead=50_000, p=PinView(50.0, 2_000, ahead_tokens=500))
+    b = _r("b", ahead=0)
+    assert route("p", [a, b], now=10.0).rule == "pin"
+    stale = _r("a", queued=50_000, p=PinView(50.0, 2_000))  # no queue view: all queued
+    assert route("p", [stale, b], now=10.0).rule == "escape"
+    # a new program's turn on a waits behind the 50,000 tokens its order puts first
+    assert route("new", [a, b], now=10.0).ranked == ("b", "a")
+    # the pin's own wait counts only while it lives: expired, p is charged a's 50 s
+    assert a.wait_s("p", now=10.0) == 0.5
+    assert a.wait_s("p", now=60.0) == 50.0
+    # b's wait for p is what b's order puts ahead of a program it never saw, not its queue
+    b_busy = _r("b", queued=40_000, ahead=1_000)
+    assert b_busy.wait_s("p", now=10.0) == 1.0
 
 
 def test_an_expired_pin_no_longer_binds() -> None:
@@ -72,12 +123,37 @@ def test_after_expiry_the_credit_decays_until_the_load_wins() -> None:
     assert late.drop_from is None
 
 
-def test_a_new_program_goes_to_the_most_kv_neither_used_nor_pinned() -> None:
-    a = _r("a", free=300, queued=0)
-    b = _r("b", free=800, queued=5_000)
-    c = _r("c", free=800, queued=100)
-    assert route("new", [a, b, c], now=0.0).ranked == ("c", "b", "a")
-    assert route(None, [a, b, c], now=0.0).ranked[0] == "c"
+def test_a_new_program_goes_to_the_shortest_wait_before_the_fewest_bound_programs() -> None:
+    a = _r("a", free=9_000, ahead=2_000, bound=0)  # the most room, an idle set, but 2 s
+    b = _r("b", free=100, ahead=0, bound=5)
+    assert route("new", [a, b], now=0.0).ranked == ("b", "a")
+    assert route(None, [a, b], now=0.0).ranked[0] == "b"
+
+
+def test_new_programs_tie_to_bound_programs_then_running_then_free_kv_then_id() -> None:
+    # every queue idle (waits tie at 0 s)
+    a = _r("a", free=9_000, ahead=0, bound=3)  # the most room, three programs away
+    b = _r("b", free=500, ahead=0, bound=1, running=4)
+    c = _r("c", free=100, ahead=0, bound=1, running=1)
+    d = _r("d", free=800, ahead=0, bound=1, running=1)
+    e = _r("e", free=800, ahead=0, bound=1, running=1)
+    assert route("new", [a, b, c, d, e], now=0.0).ranked == ("d", "e", "c", "b", "a")
+
+
+def test_new_programs_spread_by_bound_programs_where_free_kv_piles_them() -> None:
+    # programs away in an unpinned tool call leave their KV free: a always has the most,
+    # and the earlier rule (most free KV) sent every new program there. Stats taken at 0 s;
+    # the router counts its own routes since.
+    a = _r("a", free=9_000, ahead=0, at=0.0)
+    b = _r("b", free=1_000, ahead=0, at=0.0)
+    memory = Memory()
+    placed = []
+    for i in range(4):
+        first = route(f"p{i}", memory.current([a, b]), now=1.0 + i).ranked[0]
+        memory.routed(f"p{i}", first, now=1.0 + i)
+        placed.append(first)
+    assert placed == ["a", "b", "a", "b"]
+    assert [v.bound for v in memory.current([a, b])] == [2, 2]
 
 
 def test_a_joining_replica_takes_no_program_with_a_live_pin() -> None:
@@ -104,29 +180,97 @@ def test_the_memory_follows_pins_and_routes_and_is_bounded() -> None:
     assert memory.get(None) is None
 
 
+def test_the_memory_adds_the_routes_made_since_a_replicas_stats() -> None:
+    memory = Memory()
+    a = _r("a", queued=100, ahead=50, bound=1, at=10.0, p=PinView(60.0, 500, ahead_tokens=0))
+    memory.observe([a], now=10.0)  # p last ran on a (its pin)
+    memory.routed("p", "a", now=11.0, tokens=700)  # p's return: no new program bound
+    memory.routed("n", "a", now=12.0, tokens=300)  # a new program
+    memory.routed("m", "b", now=12.5, tokens=900)  # elsewhere
+    (now_a,) = memory.current([a])
+    assert (now_a.waiting, now_a.bound, now_a.queued_tokens) == (2, 2, 1_100)
+    assert now_a.ahead_tokens == 1_050  # work ahead of a turn that holds no pin there
+    assert now_a.pins == a.pins  # a pinned return keeps its place ahead of them
+    # stats without a time, or newer than every route, are left as they are
+    assert memory.current([_r("a", at=None)]) == [_r("a", at=None)]
+    assert memory.current([_r("a", at=20.0)]) == [_r("a", at=20.0)]
+    assert memory.current([_r("a", at=10.0)])[0].ahead_tokens is None  # no queue view
+
+
 class _Fixed:
     def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
         return Decision(30.0, 0.9, 1.0, "fixed", 2.0)
 
 
-def test_a_pin_controller_publishes_stats_the_router_reads_back() -> None:
+def _controller() -> PinController[str]:
     controller = PinController(
         SchedulingRules(), MinimalHost(), pool_blocks=100, decider=_Fixed(), engine_id="e"
     )
     controller.arrived("p", 0.0, 0.0)
     controller.admitted("p", 0.0)
     controller.finished(FinishedTurn("p", "bash", "ls", 160), 1.0, lambda: (10, "blocks"))
+    return controller
+
+
+def test_a_pin_controller_publishes_stats_the_router_reads_back() -> None:
+    controller = _controller()
     stats = replica_stats(
         controller,
         free_tokens=640,
         queued_tokens=32,
         prefill_tokens_per_s=500.0,
         tokens_per_block=16,
+        now=2.0,
+        running=3,
     )
     view = view_of("r1", stats, default_prefill_tokens_per_s=RATE)
-    assert view == ReplicaView("r1", 640, 32, 500.0, {"p": PinView(31.0, 160)})
+    expected = ReplicaView("r1", 640, 32, 500.0, {"p": PinView(31.0, 160)}, 3, 0, 1, None, 2.0)
+    assert view == expected  # no queue view: no ahead tokens, the wait is all 32 queued
+    assert view.wait_s("new", now=2.0) == 32 / 500.0
     assert stats[STATS_KEY]["pinned_tokens"] == 160
     assert route("p", [view, _r("r2", free=10_000)], now=2.0).ranked[0] == "r1"
+
+
+def test_a_replica_publishes_the_waits_of_its_own_queue_order() -> None:
+    # the default `program` order: preempted, then programs with a live pin, then by first
+    # arrival. Queued: a preempted request, q's pinned return, an older program's turn and a
+    # new program's first turn; 200 tokens of running prefill left.
+    controller = _controller()
+    controller.arrived("q", 0.5, 0.5)
+    controller.admitted("q", 0.5)
+    controller.finished(FinishedTurn("q", "bash", "ls", 160), 1.0, lambda: (10, "blocks"))
+    queue = []
+    for program, arrival, preempted, tokens in (
+        ("r", 0.1, True, 500),
+        ("q", 1.8, False, 800),  # its pin holds 160 of them
+        ("old", 0.2, False, 1_000),
+        ("n1", 1.5, False, 3_000),
+    ):
+        controller.arrived(program, arrival, arrival)
+        key = controller.order_key(0, preempted, program, arrival, f"req-{program}")
+        queue.append(Queued(program, key, tokens))
+    stats = replica_stats(
+        controller,
+        free_tokens=0,
+        prefill_tokens_per_s=500.0,
+        tokens_per_block=16,
+        now=2.0,
+        running=1,
+        prefilling_tokens=200,
+        waiting=queue,
+    )
+    view = view_of("r1", stats, RATE)
+    assert (view.queued_tokens, view.waiting, view.running) == (500 + 640 + 1_000 + 3_000, 4, 1)
+    assert view.bound == 5  # p, q, r, old, n1
+    # p's return: behind the running prefill and the preempted request only (q arrived later)
+    assert view.pins["p"].ahead_tokens == 200 + 500
+    assert view.pins["q"].ahead_tokens == 200 + 500 + 640  # its own queued turn first
+    assert view.ahead_tokens == 200 + 500 + 640 + 1_000 + 3_000  # a new program: behind all
+    # p stays unless 1.4 s saved exceeds its 160 tokens (0.16 s) x (1 + requests on r2)
+    for requests, rule in ((7, "escape"), (8, "pin")):
+        rival = _r("r2", ahead=0, running=requests)
+        assert route("p", [view, rival], now=2.0).rule == rule, requests
+    assert route("fresh", [view, _r("r2", ahead=0, running=8)], now=2.0).ranked[0] == "r2"
 
 
 def test_bad_stats_and_views_name_the_field() -> None:
@@ -134,6 +278,12 @@ def test_bad_stats_and_views_name_the_field() -> None:
         view_of("r1", {STATS_KEY: {"pins": {"p": "soon"}}}, RATE)
     with pytest.raises(ValueError, match="queued_tokens"):
         view_of("r1", {STATS_KEY: {"queued_tokens": "many"}}, RATE)
+    with pytest.raises(ValueError, match="bound"):
+        view_of("r1", {STATS_KEY: {"bound": "several"}}, RATE)
+    with pytest.raises(ValueError, match=r"pins\['p'\]"):
+        view_of("r1", {STATS_KEY: {"pins": {"p": [1.0, 16, 0, 9]}}}, RATE)
+    with pytest.raises(ValueError, match="at must be"):
+        view_of("r1", {STATS_KEY: {"at": "now"}}, RATE)
     with pytest.raises(ValueError, match="prefill_tokens_per_s of r1"):
         route("p", [ReplicaView("r1", prefill_tokens_per_s=0.0)], now=0.0)
     with pytest.raises(ValueError, match="replicas"):
