@@ -32,6 +32,12 @@ def _engine(cap_s: float = 300.0) -> tuple[PinController[str], MinimalHost]:
     return controller, host
 
 
+def _got(commands: PinCommands, command_id: str) -> dict[str, Any]:
+    answer = commands.get(command_id)
+    assert answer is not None
+    return answer
+
+
 def _pinned_turn(c: PinController[str], program: str = "s1", at: float = 0.0) -> None:
     c.arrived(program, at, at)
     c.admitted(program, at)
@@ -67,8 +73,8 @@ def test_extend_holds_the_pin_longer_within_the_cap_and_never_shortens_it() -> N
     commands.submit("extend", "s1", now=20.0, ttl_s=500.0)  # capped at 60 s
     commands.submit("extend", "s1", now=21.0, ttl_s=1.0)  # would shorten it: kept
     commands.apply(c, now=21.0)
-    assert commands.get("c1")["expires_at"] == 81.0  # 21 + 60 (the rules' cap)
-    assert commands.get("c2")["expires_at"] == 81.0
+    assert _got(commands, "c1")["expires_at"] == 81.0  # 21 + 60 (the rules' cap)
+    assert _got(commands, "c2")["expires_at"] == 81.0
     c.expire(50.0)  # past the old expiry: still held
     assert c.pinned("s1")
     c.expire(81.5)
@@ -83,7 +89,7 @@ def test_a_session_without_a_pin_settles_as_expired() -> None:
     commands.submit("drop", "s1", now=41.0)
     commands.submit("extend", "unknown", now=41.0, ttl_s=5.0)
     commands.apply(c, now=41.0)
-    assert [commands.get(i)["state"] for i in ("c1", "c2")] == ["expired", "expired"]
+    assert [_got(commands, i)["state"] for i in ("c1", "c2")] == ["expired", "expired"]
 
 
 def test_a_command_that_raises_settles_as_failed_and_the_rest_still_apply() -> None:
@@ -99,9 +105,9 @@ def test_a_command_that_raises_settles_as_failed_and_the_rest_still_apply() -> N
     commands.submit("extend", "s1", now=2.0, ttl_s=5.0)
     commands.submit("drop", "s1", now=2.0)
     commands.apply(c, now=2.0)
-    assert commands.get("c1")["state"] == "failed"
-    assert commands.get("c1")["detail"] == "RuntimeError: table busy"
-    assert commands.get("c2")["state"] == "applied"
+    assert _got(commands, "c1")["state"] == "failed"
+    assert _got(commands, "c1")["detail"] == "RuntimeError: table busy"
+    assert _got(commands, "c2")["state"] == "applied"
 
 
 @pytest.mark.parametrize(
@@ -190,7 +196,7 @@ def test_http_extend_takes_its_ttl_from_the_body(endpoint: tuple[int, PinCommand
     status, answer = _call(port, "POST", "/cachettl/pins/s1:extend", b'{"ttl_seconds": 90}')
     assert (status, answer["ttl_seconds"]) == (202, 90.0)
     commands.apply(c, now=7.0)
-    assert commands.get(answer["id"])["expires_at"] == 97.0
+    assert _got(commands, answer["id"])["expires_at"] == 97.0
 
 
 @pytest.mark.parametrize(
