@@ -82,6 +82,7 @@ def test_every_release_reason_has_one_outcome():
         ReleaseReason.SHUTDOWN: PinOutcome.UNSPECIFIED,
         ReleaseReason.CLOSED: PinOutcome.UNSPECIFIED,  # the session ends: no return follows
         ReleaseReason.MOVED: PinOutcome.UNSPECIFIED,  # it returned to another engine
+        ReleaseReason.DROPPED: PinOutcome.UNSPECIFIED,  # a router sends it to another engine
     }
 
 
