@@ -43,7 +43,15 @@ from typing import Any
 
 from enginehook.core.lifecycle import PinController
 
-__all__ = ["ACTIONS", "HISTORY", "MAX_PENDING", "MAX_SESSION_CHARS", "PinCommand", "PinCommands"]
+__all__ = [
+    "ACTIONS",
+    "BUSY",
+    "HISTORY",
+    "MAX_PENDING",
+    "MAX_SESSION_CHARS",
+    "PinCommand",
+    "PinCommands",
+]
 
 #: What a router may ask of a session's pin.
 ACTIONS = ("drop", "extend")
@@ -51,6 +59,8 @@ ACTIONS = ("drop", "extend")
 MAX_PENDING = 1024
 #: Settled or queued commands kept for :meth:`PinCommands.get`.
 HISTORY = 4096
+#: The ``detail`` of a command rejected because :data:`MAX_PENDING` already wait.
+BUSY = f"{MAX_PENDING} commands pending"
 #: The longest session id taken (as the session middleware's).
 MAX_SESSION_CHARS = 256
 
@@ -119,7 +129,7 @@ class PinCommands:
             if state != "accepted":
                 command.settled_at = now
             elif len(self._queue) >= MAX_PENDING:
-                command.state, command.detail = "rejected", f"{MAX_PENDING} commands pending"
+                command.state, command.detail = "rejected", BUSY
                 command.settled_at = now
             else:
                 self._queue.append(command)

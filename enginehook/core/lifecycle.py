@@ -406,21 +406,19 @@ class PinController(Generic[H]):
         """The program's next turn arrived at another engine at ``arrived_at`` (the control
         plane says so): its pin here goes now (``MOVED``, returned), the tool call it left
         here is reported with the duration it really had, and its state here is forgotten."""
-        pin = self.pins.release(program_id, ReleaseReason.MOVED)
-        event = self._tracker_of(program_id).moved(program_id, arrived_at)
-        self._forget(program_id)
-        if event is not None:
-            self.host.emit(event)
-        return pin
+        return self._left(program_id, arrived_at, ReleaseReason.MOVED)
 
     def drop(self, program_id: str, now: float) -> Pin[H] | None:
         """A router dropped the program's pin (it sends the program's next turn elsewhere):
-        the pin goes now (``DROPPED``, returned) and, as for :meth:`moved_away`, the tool
-        call it left here is reported as lasting until now, its state here forgotten."""
-        pin = self.pins.release(program_id, ReleaseReason.DROPPED)
-        if pin is None:
+        as :meth:`moved_away` at ``now``, with ``DROPPED``; a program holding no pin is left
+        as it is (``None``)."""
+        if self.pins.get(program_id) is None:
             return None
-        event = self._tracker_of(program_id).moved(program_id, now)
+        return self._left(program_id, now, ReleaseReason.DROPPED)
+
+    def _left(self, program_id: str, at: float, reason: ReleaseReason) -> Pin[H] | None:
+        pin = self.pins.release(program_id, reason)
+        event = self._tracker_of(program_id).moved(program_id, at)
         self._forget(program_id)
         if event is not None:
             self.host.emit(event)

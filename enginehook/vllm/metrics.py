@@ -35,8 +35,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import unquote
 
+from controlplane.kvhints import loads_bounded
 from controlplane.records import NotPinnedCause, TurnCache
-from enginehook.core.commands import PinCommands
+from enginehook.core.commands import BUSY, PinCommands
 
 __all__ = [
     "EXPIRED_BY_BUCKETS_S",
@@ -340,8 +341,8 @@ class _Endpoint(BaseHTTPRequestHandler):
             self._json(400, {"state": "rejected", "detail": str(error)})
             return
         answer = self.commands.submit(action, session, self.clock(), ttl)
-        pending = answer["state"] == "rejected" and "pending" in answer.get("detail", "")
-        self._json(429 if pending else _STATUS[answer["state"]], answer)
+        busy = answer.get("detail") == BUSY
+        self._json(429 if busy else _STATUS[answer["state"]], answer)
 
     def _authorized(self) -> bool:
         if self.token:
@@ -350,15 +351,15 @@ class _Endpoint(BaseHTTPRequestHandler):
         return ipaddress.ip_address(self.client_address[0]).is_loopback
 
     def _ttl(self) -> float | None:
-        length = int(self.headers.get("Content-Length") or 0)
+        declared = self.headers.get("Content-Length") or "0"
+        if not declared.isdigit():
+            raise ValueError(f"Content-Length must be a byte count, got {declared[:32]!r}")
+        length = int(declared)
         if length > COMMAND_MAX_BYTES:
             raise ValueError(f"body over {COMMAND_MAX_BYTES} bytes")
-        if length <= 0:
+        if length == 0:
             return None
-        try:
-            body = json.loads(self.rfile.read(length))
-        except ValueError:
-            raise ValueError("body is not JSON") from None
+        body = loads_bounded(self.rfile.read(length), "body", max_chars=COMMAND_MAX_BYTES)
         if not isinstance(body, dict) or set(body) - {"ttl_seconds"}:
             raise ValueError('body must be {"ttl_seconds": N} or empty')
         ttl = body.get("ttl_seconds")

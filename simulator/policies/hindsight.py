@@ -104,7 +104,8 @@ class OracleLaw(Cachettl):
         self._law: TraceLaw | None = None
 
     def see_trace(self, programs: Sequence[Program]) -> None:
-        self._law = TraceLaw(programs, max(1, self.law_samples))
+        # An engine given no trace (a cluster's) has no law: deciding there is an error.
+        self._law = TraceLaw(programs, max(1, self.law_samples)) if programs else None
 
     def choose(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
         assert self.models is not None

@@ -202,7 +202,8 @@ def test_http_extend_takes_its_ttl_from_the_body(endpoint: tuple[int, PinCommand
 @pytest.mark.parametrize(
     ("path", "body", "status", "message"),
     [
-        ("/cachettl/pins/s1:extend", b"{", 400, "body is not JSON"),
+        ("/cachettl/pins/s1:extend", b"{", 400, "body must be a JSON object"),
+        ("/cachettl/pins/s1:extend", b"[" * 300 + b"]" * 300, 400, "body must nest at most"),
         ("/cachettl/pins/s1:extend", b'{"ttl": 3}', 400, 'body must be {"ttl_seconds": N}'),
         ("/cachettl/pins/s1:extend", b'{"ttl_seconds": "3"}', 400, "must be a number"),
         ("/cachettl/pins/s1:extend", b'{"ttl_seconds": true}', 400, "must be a number"),
