@@ -133,14 +133,31 @@ class ClusterEngine:
         lines = self.events_path.read_text().splitlines()
         return [json.loads(line) for line in lines if line.strip()]
 
+    def drop_pin(self, session: str) -> Any:
+        """Ask the hook to drop ``session``'s pin (its pin-command endpoint, with the hook's
+        bearer token when it has one); the endpoint's answer."""
+        token_file = (self.hook or {}).get("token_file")
+        token = Path(token_file).read_text().strip() if token_file else ""
+        session = urllib.parse.quote(session, safe="")
+        url = f"http://127.0.0.1:{self.metrics_port}/cachettl/pins/{session}:drop"
+        try:
+            return _post(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+        except urllib.error.HTTPError as error:  # rejected or unsupported: the answer says why
+            return json.loads(error.read().decode() or "{}")
+
     def stop(self) -> None:
         stop_process(self.proc)
         self.proc = None
 
 
-def _post(url: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
+def _post(
+    url: str,
+    body: dict[str, Any] | None = None,
+    timeout_s: float = 30.0,
+    headers: dict[str, str] | None = None,
+) -> Any:
     data = json.dumps(body).encode() if body is not None else b""
-    request = urllib.request.Request(url, data=data, method="POST")
+    request = urllib.request.Request(url, data=data, method="POST", headers=headers or {})
     request.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(request, timeout=timeout_s) as r:
         text = r.read().decode()
