@@ -16,10 +16,13 @@ from controlplane.storage import Store
 
 BOTH = pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 TOOLS = 4000
-#: The victim's worst decision while the other tenant's work runs: it was seconds (3.6 s
-#: here before the fix); each of the other's lock holds is ~2 ms of work, stretched on a
-#: busy 2-core machine by the GIL handing the CPU to the other's threads.
-BOUND_S = 0.5
+#: The victim's worst decision, as a share of the longest of the other tenant's jobs in the
+#: same run. Before the fix a decision waited for a whole listing or snapshot (3.6 s, most of
+#: the job); now each of the other's lock holds is ~2 ms of work, stretched by the GIL handing
+#: the CPU to the other's threads (0.06-0.14 s against jobs of 2.0-2.4 s on a quiet 2-core
+#: machine). A share of the same run's work, not seconds, so that a loaded machine, which
+#: stretches both alike, does not decide the verdict.
+BOUND_SHARE = 0.25
 
 
 def _many_tools(start: int, n: int) -> list[ToolCall]:
@@ -67,7 +70,17 @@ def test_heavy_requests_of_one_tenant_do_not_stall_others(store: Store, serve) -
             b.record_tool_calls([ToolCall(f"s{i}", "p", "bash", args, 0.2) for i in range(1000)])
             done.append("ingest")
 
-        jobs = [threading.Thread(target=f) for f in (listing, snapshots, long_arguments)]
+        took: dict[str, float] = {}
+
+        def timed(f: Callable[[], None]) -> Callable[[], None]:
+            def run() -> None:
+                t = time.perf_counter()
+                f()
+                took[f.__name__] = time.perf_counter() - t
+
+            return run
+
+        jobs = [threading.Thread(target=timed(f)) for f in (listing, snapshots, long_arguments)]
         for job in jobs:
             job.start()
         latencies = _probe(v, until=lambda: not any(j.is_alive() for j in jobs))
@@ -75,5 +88,8 @@ def test_heavy_requests_of_one_tenant_do_not_stall_others(store: Store, serve) -
             job.join()
         assert sorted(done) == ["ingest", "list", "snapshot"]
         assert len(latencies) > 10
-        print(f"worst decision {max(latencies):.3f} s of {len(latencies)}")
-        assert max(latencies) < BOUND_S, f"worst decision {max(latencies):.3f} s"
+        longest = max(took.values())
+        print(f"worst decision {max(latencies):.3f} s of {len(latencies)}; jobs {took}")
+        assert max(latencies) < BOUND_SHARE * longest, (
+            f"worst decision {max(latencies):.3f} s, the longest job {longest:.3f} s"
+        )
