@@ -28,9 +28,13 @@ from enginehook.tools.agentrun import ControlPlaneProcess, free_port, wait_for
 from enginehook.tools.bench import BenchConfig, BenchProgram, BenchResult, make_trace
 from enginehook.tools.cluster import ClusterEngine, Router
 
-__all__ = ["RealClusterConfig", "run_real_cluster"]
+__all__ = ["CLUSTER_SETTINGS", "RealClusterConfig", "run_real_cluster"]
 
 _VOCAB = (9, 2000)  # the tiny tokenizer's plain-word ids, as the engine bench draws them
+
+#: The hook settings enginehook/README.md ("Cluster") tells engines behind a router to set, on
+#: top of the engine bench's: new programs' first turns ahead of pinned returning turns.
+CLUSTER_SETTINGS: dict[str, Any] = {"first_turn_over_pins": True}
 
 
 @dataclass
@@ -46,8 +50,9 @@ class RealClusterConfig:
     trace: BenchConfig = field(default_factory=lambda: BenchConfig(programs=48, blocks=240))
     work: str = ""
     model_dir: str = ""
-    #: Hook settings on top of the engine bench's (``additional_config.cachettl`` keys).
-    hook_settings: dict[str, Any] = field(default_factory=dict)
+    #: Hook settings on top of the engine bench's (``additional_config.cachettl`` keys): by
+    #: default the ones recommended behind a router (:data:`CLUSTER_SETTINGS`).
+    hook_settings: dict[str, Any] = field(default_factory=lambda: dict(CLUSTER_SETTINGS))
 
 
 def _program(base_url: str, program: BenchProgram, seed: int, out: BenchResult) -> None:
@@ -227,7 +232,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Command: `{report.get('command', 'cachettl bench cluster --real')}`; "
         f"{trace['programs']} programs, {config['engines']} engines of {trace['blocks']} "
-        f"blocks per arm, arrivals and tool gaps x {config['compress']}.",
+        f"blocks per arm, arrivals and tool gaps x {config['compress']}; hook settings on "
+        f"top of the engine bench's: `{json.dumps(config['hook_settings'])}`.",
         "",
         "| router policy | run | mean JCT stock / hook (s) | ratio | first-turn wait P90 "
         "stock / hook (s) | ratio | prefix hits stock / hook |",

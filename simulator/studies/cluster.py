@@ -79,7 +79,8 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--real-hook",
         default="{}",
         metavar="JSON",
-        help="--real: hook settings on top of the bench's (a JSON object of "
+        help="--real: hook settings on top of the bench's and of the ones recommended "
+        'behind a router, {"first_turn_over_pins": true} (a JSON object of '
         "additional_config.cachettl keys)",
     )
     p.set_defaults(handler=_cluster)
@@ -275,7 +276,13 @@ def _plot(path: Any, summary: dict[str, Any]) -> None:
 
 
 def _real(args: argparse.Namespace) -> int:
-    from enginehook.tools.clusterbench import RealClusterConfig, markdown, run_real_cluster, write
+    from enginehook.tools.clusterbench import (
+        CLUSTER_SETTINGS,
+        RealClusterConfig,
+        markdown,
+        run_real_cluster,
+        write,
+    )
 
     policies = tuple(p for p in args.real_policies.split(",") if p)
     if not policies or args.real_runs < 1:
@@ -286,7 +293,9 @@ def _real(args: argparse.Namespace) -> int:
         raise ValueError(f"--real-hook: not JSON: {exc}") from None
     if not isinstance(settings, dict):
         raise ValueError("--real-hook: must be a JSON object of hook settings")
-    config = RealClusterConfig(policies=policies, runs=args.real_runs, hook_settings=settings)
+    config = RealClusterConfig(
+        policies=policies, runs=args.real_runs, hook_settings={**CLUSTER_SETTINGS, **settings}
+    )
     report = run_real_cluster(config)
     report["command"] = "cachettl bench cluster " + shlex.join(sys.argv[3:])
     out = args.out if args.out != "results/cluster" else "results/cluster_real"
