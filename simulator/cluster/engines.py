@@ -107,6 +107,16 @@ class ClusterEngine(Simulation):
         """Seconds to prefill ``tokens`` here (whole chunks at the chunk's step time)."""
         return tokens / self.config.max_num_batched_tokens * self._chunk_s
 
+    def step_s(self) -> float:
+        """Seconds of one step of the running batch as a router can estimate it: the step
+        time of one token for each running request over the KV they hold (running
+        requests and KV in use are the engine's published gauges), 0 when nothing runs.
+        It ignores the running prefills' chunks: :meth:`queued_ahead_tokens` counts them."""
+        running = len(self.engine.running)
+        if not running:
+            return 0.0
+        return self.timer.step((), running, self.active_blocks() * self.config.block_size)
+
     # -- hooks into the single-engine simulation ----------------------------------------
     def horizon(self) -> float:
         """Other engines' steps change nothing here: only the cluster's calls do."""

@@ -10,7 +10,19 @@ it (:meth:`EngineView.queued_ahead_tokens`: the rest of the running prefills and
 queued turns that ``e``'s own queue order puts first, each less the prefix ``e`` holds for
 it) at ``e``'s prefill rate. Under ``cachettl`` a pinned returning turn waits only behind
 preempted and pinned work, and a new program's first turn behind those and earlier first
-turns, not behind every queued prompt. For each turn:
+turns, not behind every queued prompt.
+
+An engine takes new work only between steps, so a turn also waits for the rest of the
+step ``e`` is running. The router does not see where in its step an engine is; a turn
+arriving at a time unrelated to the engine's steps finds half a step left on average.
+With ``step_wait=true`` the wait adds half of :meth:`EngineView.step_s` (one token for
+each running request over the KV they hold; 0 on an engine that runs nothing), so a first
+turn goes to an idle engine before one mid-step. Every term is what a real router
+observes: queued and running requests, queued prompt tokens, KV in use, one prefill rate
+and step-time model per engine. It is off by default: on the 16 verdict seeds it cut
+first-turn wait P90 by 1-4 ms at 16 engines but cost SWE 1.0-2.1 s of mean JCT (the idle
+engine is the one whose bound programs are all away, and they come back; simulator/README.md,
+"TTL-aware routing"). For each turn:
 
 1. **Live pin** on engine ``h``: go to ``h`` unless
    ``wait(h) - wait(b) > prefill(T) * (1 + n_b)``, where ``b`` is the engine (other than
@@ -49,9 +61,11 @@ class TtlAware(Router):
     PARAMS: ClassVar[Params] = {
         "credit_decay_s": (float, 60.0, "time constant of the prefix credit after a pin ends"),
         "drop": (bool, True, "the holder drops the pin when the router sends the turn elsewhere"),
+        "step_wait": (bool, False, "the wait adds half the step the engine is running"),
     }
     credit_decay_s: float
     drop: bool
+    step_wait: bool
 
     def __init__(self, seed: int = 0, **params: object) -> None:
         super().__init__(seed, **params)
@@ -59,10 +73,11 @@ class TtlAware(Router):
         self._home: dict[str, int] = {}  # program → the engine it is bound to
         self._bound: dict[int, int] = {}  # engine → programs bound to it
 
-    @staticmethod
-    def wait(e: EngineView, request: Route) -> float:
-        """Seconds of prefill ``e`` serves before ``request``'s turn (see the rules)."""
-        return e.prefill_s(e.queued_ahead_tokens(request.program_id, request.now))
+    def wait(self, e: EngineView, request: Route) -> float:
+        """Seconds ``request``'s turn waits on ``e``: the prefill ``e`` serves first, and
+        with ``step_wait`` the expected rest of its current step (the module's wait)."""
+        queued = e.prefill_s(e.queued_ahead_tokens(request.program_id, request.now))
+        return queued + e.step_s() / 2 if self.step_wait else queued
 
     def bound(self, engine_id: int) -> int:
         """Programs bound to the engine: routed there and not ended (nor moved since)."""

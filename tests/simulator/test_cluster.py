@@ -158,6 +158,43 @@ def test_ttl_aware_places_a_new_program_by_its_wait_before_bound_programs() -> N
     assert choice.engine_id == 0  # no wait there, though it has more programs bound
 
 
+def _first_turns_beside_a_long_decode(router: str) -> tuple[list[int], dict[str, float]]:
+    """``long`` decodes 4,000 tokens on engine 0 from 0 s (about 30 s of steps, no queue);
+    three short programs arrive at 0.5, 1.0 and 1.5 s and go away for 5 s after their first
+    turn. Where each first turn went, and each program's first-turn wait."""
+    long = Program("long", 0.0, (Turn(100, 4000),))
+    short = [_program(f"s{i}", 0.5 * (i + 1), 500, 5.0) for i in range(3)]
+    cluster = Cluster([long, *short], router, "vllm", 2, config=SMALL)
+    placed: list[int] = []
+    route = cluster.router.route
+
+    def spy(request: Route, engines: Sequence[EngineView]) -> EngineView | None:
+        choice = route(request, engines)
+        if request.turn == 0 and choice is not None:
+            if request.program_id == "s2":  # both queues are empty: the queued waits tie
+                assert [e.queued_ahead_tokens("s2", request.now) for e in engines] == [0, 0]
+                assert engines[0].step_s() > 0.0 == engines[1].step_s()  # 0 is mid-step
+            placed.append(choice.engine_id)
+        return choice
+
+    cluster.router.route = spy  # type: ignore[method-assign]
+    result = cluster.run()
+    return placed, {p.program_id: p.first_turn_wait_s for p in result.programs}
+
+
+def test_ttl_aware_with_step_wait_places_a_first_turn_on_an_idle_engine_not_one_mid_step() -> None:
+    placed, waits = _first_turns_beside_a_long_decode("ttl-aware(step_wait=true)")
+    # s2 finds engine 0 with one program bound (decoding) and engine 1 with two bound (both
+    # away): half a decode step against none, it goes where its prefill starts at once
+    assert placed == [0, 1, 1, 1]
+    assert waits["s2"] == 0.0
+    # by default the waits tie at 0 (no queued prefill) and the fewest bound programs win:
+    # s2 waits for engine 0's decode step to end
+    placed, waits = _first_turns_beside_a_long_decode("ttl-aware")
+    assert placed == [0, 1, 1, 0]
+    assert waits["s2"] > 0.0
+
+
 def _pinned_return_against_hogs(busy_rival: bool) -> tuple[Cluster, int]:
     """``a`` pinned on engine 0, forty 40k-token first turns delivered there behind it;
     with ``busy_rival`` engine 1 runs ten long decodes. Runs until ``a`` returns."""
