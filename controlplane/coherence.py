@@ -11,6 +11,12 @@ long tool call if it ever comes back.
 This works behind any router, session-aware or blind, since it keys on the program id the
 engines already read (``X-Session-ID`` and the other session sources).
 
+Where the locations live: a server on SQLite (or ``memory://``) keeps them here, in
+:class:`ProgramLocations`; a server on PostgreSQL keeps them in the database
+(:mod:`controlplane.storage.locations`), so that replicas sharing it see a program move
+between engines linked to different replicas. Both answer a report with the same
+:class:`Move` records.
+
 Bounds: per tenant, the locations of the :attr:`ProgramLocations.max_programs` most recently
 arrived programs are kept (least recently arrived forgotten first); a forgotten program's
 next arrival counts as new (nothing is sent). Single-threaded: the server calls it from its
@@ -30,9 +36,10 @@ True
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["MAX_PROGRAMS", "Location", "ProgramLocations"]
+__all__ = ["MAX_PROGRAMS", "Location", "Move", "ProgramLocations"]
 
 #: Programs whose location is kept per tenant (the least recently arrived go first).
 MAX_PROGRAMS = 200_000
@@ -43,6 +50,17 @@ class Location:
     """The engine a program's latest turn arrived at, and when."""
 
     engine_id: str
+    arrived_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A turn of ``program_id`` arrived at ``to_engine`` at ``arrived_at`` (the engine's
+    clock); the program's previous turn had arrived at ``from_engine``, which is told."""
+
+    program_id: str
+    from_engine: str
+    to_engine: str
     arrived_at: float
 
 
@@ -67,6 +85,25 @@ class ProgramLocations:
         if before is None or before.engine_id == engine_id:
             return None
         return before.engine_id
+
+    def report(
+        self, tenant: str, engine_id: str, arrivals: Iterable[tuple[str, float]]
+    ) -> list[Move]:
+        """Apply a report of ``(program_id, arrived_at)`` turns at ``engine_id``, in order;
+        the moves it revealed, in order.
+
+        >>> where = ProgramLocations()
+        >>> where.report("acme", "engine-a", [("p1", 1.0), ("p2", 1.0)])
+        []
+        >>> where.report("acme", "engine-b", [("p1", 2.0), ("p1", 2.5), ("p3", 2.0)])
+        [Move(program_id='p1', from_engine='engine-a', to_engine='engine-b', arrived_at=2.0)]
+        """
+        moves = []
+        for program, at in arrivals:
+            left = self.arrived(tenant, engine_id, program, at)
+            if left is not None:
+                moves.append(Move(program, left, engine_id, at))
+        return moves
 
     def where(self, tenant: str, program_id: str) -> Location | None:
         """Where the program's latest turn arrived (``None``: unknown or forgotten)."""

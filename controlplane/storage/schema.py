@@ -2,8 +2,9 @@
 
 Migrations under ``migrations/versions`` never import this module: each revision spells
 out its own DDL, frozen. Every index of tenant data leads with the tenant; the exceptions
-are the tenants table's unique name and token-hash indexes and the snapshot table's, which
-holds cluster-wide state keyed by policy.
+are the tenants table's unique name and token-hash indexes, the snapshot table's, which
+holds cluster-wide state keyed by policy, and the program locations' age index, by which
+they are pruned across tenants.
 """
 
 from __future__ import annotations
@@ -26,10 +27,18 @@ from sqlalchemy import (
     text,
 )
 
-__all__ = ["HEAD_REVISION", "metadata", "program_ends", "snapshots", "tenants", "tool_events"]
+__all__ = [
+    "HEAD_REVISION",
+    "metadata",
+    "program_ends",
+    "program_locations",
+    "snapshots",
+    "tenants",
+    "tool_events",
+]
 
 #: The Alembic revision this code expects.
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"
 
 #: BIGINT on PostgreSQL; INTEGER (an alias of the rowid, so autoincrementing) on SQLite.
 _SEQ = BigInteger().with_variant(Integer(), "sqlite")
@@ -111,4 +120,17 @@ snapshots = Table(
     Column("created_at", Float, nullable=False),
     Column("payload", LargeBinary, nullable=False),
     Index("ix_snapshots_policy", "policy", "id"),
+)
+
+#: Where each program's latest turn arrived (PostgreSQL only; revision 0006 and
+#: :mod:`controlplane.storage.locations`).
+program_locations = Table(
+    "program_locations",
+    metadata,
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), primary_key=True),
+    Column("program_id", String(256), primary_key=True),
+    Column("engine_id", String(64), nullable=False),
+    Column("arrived_at", Float, nullable=False),
+    Column("seen_at", Float, nullable=False),
+    Index("ix_program_locations_seen", "seen_at"),
 )

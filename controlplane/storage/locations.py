@@ -1,0 +1,294 @@
+"""Program locations in PostgreSQL, shared by the replicas of one database, and the moves
+they reveal, published to every replica with ``NOTIFY``.
+
+Behind several ``cachettl serve`` replicas on one PostgreSQL schema, an engine linked to
+replica A and one linked to replica B share no server memory, so pin coherence
+(:mod:`controlplane.coherence`) keeps the locations here: table ``program_locations``, one
+row per (tenant, program id).
+
+A report is one statement (:data:`_REPORT`), one round trip, its own transaction: it locks
+the reported programs' rows, upserts their new engine, and publishes the moves it found
+(``pg_notify`` on the schema's channel, :func:`channel_of`), in payloads of at most
+:data:`PAYLOAD_BYTES` (PostgreSQL refuses 8,000 or more), which it also returns. Two
+replicas reporting the same program serialise on its row, so each move is found once, by
+the report that made it. The notifications go out when the statement commits, in commit
+order.
+
+Every replica with watchers listens on the channel (:meth:`SharedLocations.listen`, an
+asyncio connection of its own) and hands the moves to its watchers; a payload names the
+replica that published it, so a replica skips its own (it told its watchers at once).
+
+Bounds: rows not refreshed for :data:`KEEP_S` are deleted, at most every
+:data:`PRUNE_EVERY_S` per replica, by the report that finds the time has come; a program
+forgotten so counts as new at its next arrival (nothing is sent). With the default TTL cap
+(300 s) no pin outlives its program's row.
+
+Failure: when the listening connection drops, it reconnects with backoff
+(:data:`RETRY_FIRST_S` doubling to :data:`RETRY_MAX_S`) and logs once per outage. Moves
+published meanwhile are not heard on that replica: the pins they would have dropped live
+until their TTL, as they would without pin coherence. A failed report stores nothing and
+publishes nothing (the engine counts its arrivals as dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from sqlalchemy import Engine
+
+from controlplane.coherence import Move
+from controlplane.errors import StorageError
+from controlplane.records import Tenant
+from controlplane.storage.base import Store
+from controlplane.storage.sql import SqlStore, _statement
+
+__all__ = [
+    "KEEP_S",
+    "PAYLOAD_BYTES",
+    "PRUNE_EVERY_S",
+    "Published",
+    "SharedLocations",
+    "channel_of",
+    "decode",
+    "shared_locations",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a program's location is kept after its latest reported arrival.
+KEEP_S = 3600.0
+#: Seconds between two prunings by one replica.
+PRUNE_EVERY_S = 10.0
+#: Moves are cut into payloads of this many bytes of moves (plus one move and the header,
+#: together under 3,000 bytes: a move is at most 2 engine ids and a 256-character program
+#: id, JSON-escaped), so a payload stays under PostgreSQL's 8,000.
+PAYLOAD_BYTES = 4000
+#: First and longest wait before reconnecting the listening connection, seconds.
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 5.0
+#: Reports tried again after PostgreSQL broke a deadlock (racing first arrivals).
+DEADLOCK_TRIES = 3
+
+#: The report (module docstring). ``before`` locks the rows of the reported programs that
+#: exist, in program order; ``stored`` upserts them, only once every lock is held (it reads
+#: a count of ``before``), in the same order, so that racing reports wait for each other
+#: rather than deadlock; ``moves`` are the programs whose row named another engine, cut
+#: into payloads by their running size; each payload row is published and returned.
+_REPORT = """
+WITH arrived AS (
+    SELECT a.program_id, a.arrived_at
+    FROM unnest(CAST(%(programs)s AS VARCHAR[]), CAST(%(times)s AS FLOAT8[]))
+        AS a(program_id, arrived_at)
+),
+before AS MATERIALIZED (
+    SELECT l.program_id, l.engine_id
+    FROM program_locations l JOIN arrived a ON a.program_id = l.program_id
+    WHERE l.tenant_id = %(tenant)s
+    ORDER BY l.program_id
+    FOR UPDATE OF l
+),
+stored AS (
+    INSERT INTO program_locations (tenant_id, program_id, engine_id, arrived_at, seen_at)
+    SELECT %(tenant)s, a.program_id, %(engine)s, a.arrived_at, CAST(%(now)s AS FLOAT8)
+    FROM arrived a CROSS JOIN (SELECT count(*) FROM before) AS locked
+    ORDER BY a.program_id
+    ON CONFLICT (tenant_id, program_id) DO UPDATE SET
+        engine_id = EXCLUDED.engine_id,
+        arrived_at = EXCLUDED.arrived_at,
+        seen_at = EXCLUDED.seen_at
+),
+moves AS (
+    SELECT a.program_id, json_build_array(b.engine_id, a.program_id, a.arrived_at) AS item
+    FROM arrived a JOIN before b ON b.program_id = a.program_id
+    WHERE b.engine_id <> %(engine)s
+),
+cut AS (
+    SELECT program_id, item,
+        sum(octet_length(item::text) + 1) OVER (ORDER BY program_id)
+            / CAST(%(chunk)s AS INTEGER) AS part
+    FROM moves
+),
+payloads AS (
+    SELECT json_build_object(
+        'r', CAST(%(replica)s AS TEXT), 't', CAST(%(tenant_name)s AS TEXT),
+        'to', CAST(%(engine)s AS TEXT),
+        'm', json_agg(item ORDER BY program_id))::text AS payload
+    FROM cut GROUP BY part
+)
+SELECT payload, pg_notify(CAST(%(channel)s AS TEXT), payload) FROM payloads
+"""
+#: Rows not refreshed since the cutoff; rows a report holds are left for the next time.
+_PRUNE = """
+DELETE FROM program_locations WHERE (tenant_id, program_id) IN (
+    SELECT tenant_id, program_id FROM program_locations
+    WHERE seen_at < %(cutoff)s FOR UPDATE SKIP LOCKED)
+"""
+
+
+def channel_of(schema: str) -> str:
+    """The ``NOTIFY`` channel of a schema's replicas (channels are per database, and
+    replicas on different schemas of one database must not hear each other).
+
+    >>> channel_of("public")
+    'cachettl_moves_efa1f375d76194fa'
+    """
+    return "cachettl_moves_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """One payload: moves of one tenant's programs to one engine, by one replica."""
+
+    replica: str
+    tenant: str
+    moves: tuple[Move, ...]
+
+
+def decode(payload: str) -> Published:
+    """A payload as :data:`_REPORT` writes it; ``ValueError`` naming what is wrong.
+
+    >>> decode('{"r": "a1", "t": "acme", "to": "e2", "m": [["e1", "p1", 5.0]]}').moves
+    (Move(program_id='p1', from_engine='e1', to_engine='e2', arrived_at=5.0),)
+    """
+    try:
+        body = json.loads(payload)
+        replica, tenant, to, moves = body["r"], body["t"], body["to"], body["m"]
+        if not all(isinstance(x, str) for x in (replica, tenant, to)):
+            raise ValueError("r, t and to must be strings")
+        decoded = tuple(Move(str(p), str(f), to, float(at)) for f, p, at in moves)
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"moves payload: {error!r} in {payload[:200]!r}") from None
+    return Published(replica, tenant, decoded)
+
+
+def _deadlocked(error: StorageError) -> bool:
+    return isinstance(getattr(error.__cause__, "orig", None), psycopg.errors.DeadlockDetected)
+
+
+class SharedLocations:
+    """The program locations of one PostgreSQL schema (module docstring).
+
+    ``report`` and ``prune`` block (call them from a worker thread; any thread, any
+    number at once); ``listen`` is asynchronous.
+    """
+
+    def __init__(
+        self, engine: Engine, keep_s: float = KEEP_S, prune_every_s: float = PRUNE_EVERY_S
+    ) -> None:
+        if engine.dialect.name != "postgresql":
+            raise ValueError(f"shared locations need PostgreSQL, got {engine.dialect.name}")
+        if not keep_s > 0 or not prune_every_s >= 0:
+            raise ValueError(f"keep_s must be > 0, prune_every_s >= 0: {keep_s}, {prune_every_s}")
+        self.engine = engine
+        self.keep_s = keep_s
+        self.prune_every_s = prune_every_s
+        self._channel: str | None = None
+        self._pruned_at = float("-inf")
+
+    def channel(self) -> str:
+        """This schema's channel (one query, the first time)."""
+        if self._channel is None:
+            with _statement(self.engine) as c:
+                schema = c.exec_driver_sql("SELECT current_schema()").scalar()
+            self._channel = channel_of(str(schema))
+        return self._channel
+
+    def report(
+        self,
+        tenant: Tenant,
+        engine_id: str,
+        arrivals: Sequence[tuple[str, float]],
+        replica: str,
+        now: float | None = None,
+    ) -> list[Move]:
+        """Store checked ``(program_id, arrived_at)`` arrivals at ``engine_id``; publish and
+        return the moves they reveal (one per program: a program reported twice in one
+        batch moved at most once, to this engine, and its latest arrival is kept).
+        ``now``: the replica's clock (default ``time.time()``), stored for pruning.
+        ``StorageError`` when the database fails; then nothing is stored or published."""
+        now = time.time() if now is None else now
+        latest = dict(arrivals)
+        params: dict[str, Any] = {
+            "tenant": tenant.id,
+            "tenant_name": tenant.name,
+            "engine": engine_id,
+            "replica": replica,
+            "now": now,
+            "chunk": PAYLOAD_BYTES,
+            "channel": self.channel(),
+            "programs": list(latest),
+            "times": list(latest.values()),
+        }
+        for attempt in range(1, DEADLOCK_TRIES + 1):
+            try:
+                with _statement(self.engine) as c:
+                    payloads = [row[0] for row in c.exec_driver_sql(_REPORT, params)]
+                break
+            except StorageError as error:
+                if attempt == DEADLOCK_TRIES or not _deadlocked(error):
+                    raise
+        if now - self._pruned_at >= self.prune_every_s:
+            self._pruned_at = now  # racing threads may both prune: harmless
+            self.prune(now)
+        return [move for payload in payloads for move in decode(payload).moves]
+
+    def prune(self, now: float) -> int:
+        """Delete the rows not refreshed for ``keep_s`` before ``now``; how many."""
+        with _statement(self.engine) as c:
+            return c.exec_driver_sql(_PRUNE, {"cutoff": now - self.keep_s}).rowcount
+
+    async def listen(self) -> AsyncIterator[Published]:
+        """Every payload published on this schema's channel (this replica's too), as it
+        comes, until the caller stops; reconnects after a lost connection (module
+        docstring: what is missed meanwhile). Payloads that do not decode are logged and
+        skipped."""
+        url = self.engine.url.set(drivername="postgresql")
+        conninfo = url.render_as_string(hide_password=False)
+        wait, lost = RETRY_FIRST_S, False
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    conninfo, autocommit=True, application_name="cachettl-moves"
+                ) as conn:
+                    cursor = await conn.execute("SELECT current_schema()")
+                    row = await cursor.fetchone()
+                    channel = channel_of(str(row[0] if row else ""))
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    if lost:
+                        log.info("moves between replicas: listening again on %s", channel)
+                    wait, lost = RETRY_FIRST_S, False
+                    async for note in conn.notifies():
+                        try:
+                            published = decode(note.payload)
+                        except ValueError as error:
+                            log.warning("%s", error)
+                            continue
+                        yield published
+            except (psycopg.Error, OSError) as error:
+                if not lost:
+                    log.warning(
+                        "moves between replicas: listening connection lost (%s); reconnecting"
+                        " with backoff; until then moves reported through other replicas"
+                        " are not told here (their pins live until their TTL)",
+                        error,
+                    )
+                lost = True
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, RETRY_MAX_S)
+
+
+def shared_locations(store: Store) -> SharedLocations | None:
+    """The shared locations of a PostgreSQL store; ``None`` for others (their server keeps
+    the locations in memory: :class:`controlplane.coherence.ProgramLocations`)."""
+    if isinstance(store, SqlStore) and store.engine.dialect.name == "postgresql":
+        return SharedLocations(store.engine)
+    return None
