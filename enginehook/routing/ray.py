@@ -7,7 +7,11 @@ Configure it on a deployment whose replicas publish CacheTTL's routing stats
     from ray.serve.config import RequestRouterConfig
     RequestRouterConfig(
         request_router_class="enginehook.routing.ray:TtlAwareRequestRouter",
-        request_router_kwargs={"credit_decay_s": 60.0, "prefill_tokens_per_s": 1000.0},
+        request_router_kwargs={
+            "credit_decay_s": 60.0,
+            "prefill_tokens_per_s": 1000.0,
+            "pin_token_file": "/etc/cachettl/token",  # the hooks' token, if they have one
+        },
         request_routing_stats_period_s=1.0,
     )
 
@@ -18,7 +22,10 @@ prompt tokens). The program is the request's ``metadata.session_id``
 (``handle.options(session_id=...)``, or the HTTP header ``x-session-id``,
 ``RAY_SERVE_SESSION_ID_HEADER_KEY``). The prompt's tokens, when the first argument is a
 mapping with ``prompt_tokens``, refine the credit and count as work the routed replica
-has queued until its next stats.
+has queued until its next stats. A replica that also passes ``pin_endpoint=`` (its engine
+hook's endpoint, ``http://HOST:PORT``) is told to drop a pin the router escaped: the post
+goes from a background thread, never from ``choose_replicas`` (Ray runs it on the router's
+event loop), and ``self.drops`` counts the outcomes (:mod:`enginehook.routing.drops`).
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ from ray.serve.request_router import (  # type: ignore[import-not-found,unused-i
     RunningReplica,
 )
 
-from enginehook.routing.rule import Memory, Route, route, view_of
+from enginehook.routing.router import TtlRouter
+from enginehook.routing.rule import Route
 
 __all__ = ["TtlAwareRequestRouter"]
 
@@ -56,45 +64,35 @@ class TtlAwareRequestRouter(RequestRouter):  # type: ignore[misc,unused-ignore]
     lives, unless the wait saved elsewhere exceeds the recompute times (1 + the requests on
     the other replica); a new program to the shortest queue-order wait, then the fewest
     bound programs, the fewest running requests, the most KV neither used nor pinned. Pins,
-    waits and counts are read from the replicas' routing stats; the router itself keeps
-    where each program last ran (for the decaying credit) and the routes since each
-    replica's stats (added to them)."""
+    waits and counts are read from the replicas' routing stats; the state a router keeps
+    (where each program last ran, the routes since each replica's stats, the drops of
+    escaped pins) is a :class:`~enginehook.routing.router.TtlRouter`, ``self.router``."""
 
     def initialize_state(self, **kwargs: Any) -> None:
-        decay = kwargs.pop("credit_decay_s", 60.0)
-        rate = kwargs.pop("prefill_tokens_per_s", 1_000.0)
-        if kwargs:
-            raise ValueError(f"request_router_kwargs: unknown {sorted(kwargs)}")
-        for name, value in (("credit_decay_s", decay), ("prefill_tokens_per_s", rate)):
-            if not isinstance(value, int | float) or not value > 0:
-                raise ValueError(f"request_router_kwargs.{name} must be > 0, got {value!r}")
-        self.credit_decay_s = float(decay)
-        self.prefill_tokens_per_s = float(rate)
-        self.memory = Memory()
-        #: The latest decisions, newest last (what a test or an operator reads).
-        self.decisions: list[tuple[str | None, Route]] = []
+        self.router = TtlRouter.from_kwargs(kwargs)
+
+    def _core(self) -> TtlRouter:
+        if not hasattr(self, "router"):  # initialize_state is only called with kwargs set
+            self.initialize_state()
+        return self.router
+
+    @property
+    def decisions(self) -> list[tuple[str | None, Route]]:
+        """The latest decisions, newest last."""
+        return self._core().decisions
+
+    @property
+    def drops(self) -> dict[str, int]:
+        """How the drops of escaped pins went, by outcome."""
+        return self._core().drops
 
     def decide(self, candidates: list[RunningReplica], request: PendingRequest | None) -> Route:
-        """The rule over ``candidates`` for ``request`` (also records the live pins seen)."""
-        if not hasattr(self, "memory"):  # initialize_state is only called with kwargs set
-            self.initialize_state()
-        now = time.time()
-        views = self.memory.current(
-            view_of(r.replica_id.unique_id, r.routing_stats, self.prefill_tokens_per_s)
-            for r in candidates
+        """The rule over ``candidates`` for ``request`` (also records the live pins seen,
+        and queues the drop of a pin it escapes)."""
+        stats = ((r.replica_id.unique_id, r.routing_stats) for r in candidates)
+        return self._core().decide(
+            stats, _program(request), time.time(), prompt_tokens=_prompt_tokens(request)
         )
-        self.memory.observe(views, now)
-        program = _program(request)
-        decision = route(
-            program,
-            views,
-            now,
-            last=self.memory.get(program),
-            prompt_tokens=_prompt_tokens(request),
-            credit_decay_s=self.credit_decay_s,
-        )
-        self.decisions = [*self.decisions[-255:], (program, decision)]
-        return decision
 
     async def choose_replicas(
         self,
@@ -111,9 +109,7 @@ class TtlAwareRequestRouter(RequestRouter):  # type: ignore[misc,unused-ignore]
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
-        if not hasattr(self, "memory"):
-            self.initialize_state()
-        self.memory.routed(
+        self._core().routed(
             _program(pending_request),
             replica_id.unique_id,
             time.time(),

@@ -20,8 +20,9 @@ publishes no queue view: all its queued prompt tokens, the earlier wait). For on
    to ``h`` unless ``wait(h) - wait(b) > prefill_b(T) * (1 + n_b)``, where ``b`` is the other
    replica where the turn would wait least, ``T`` the pinned tokens and ``n_b`` the
    requests running or queued on ``b`` (the recompute delays each of them too). When the
-   turn goes to ``b``, ``h`` must drop the pin at once (:attr:`Route.drop_from`; the
-   engines' pin coherence through the control plane does it).
+   turn goes to ``b``, ``h`` must drop the pin at once (:attr:`Route.drop_from`: the
+   router posts the drop to ``h``'s ``pin_endpoint``, :mod:`enginehook.routing.drops`; the
+   engines' pin coherence through the control plane does it too).
 2. **No live pin**, the program ran before: every replica costs ``wait(e) +
    prefill_e(prompt - credit(e))``; the replica it last ran on gets a prefix credit of its
    context that decays as ``exp(-age / credit_decay_s)`` from when its pin was last seen
@@ -61,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from enginehook.core.lifecycle import PinController
+from enginehook.routing.drops import check_endpoint
 
 __all__ = [
     "STATS_KEY",
@@ -101,7 +103,8 @@ class ReplicaView:
     prompt tokens served before a program the replica has never seen (``None``: the replica
     publishes no queue view, the wait counts all of ``queued_tokens``); ``running`` and
     ``waiting``: requests; ``bound``: programs bound to it; ``at``: when the stats were taken
-    (``None``: unknown, nothing is added to them)."""
+    (``None``: unknown, nothing is added to them); ``pin_endpoint``: where its pin commands
+    go (``None``: it cannot be told to drop a pin, :mod:`enginehook.routing.drops`)."""
 
     replica_id: str
     free_tokens: int = 0
@@ -113,6 +116,7 @@ class ReplicaView:
     bound: int = 0
     ahead_tokens: int | None = None
     at: float | None = None
+    pin_endpoint: str | None = None
 
     def ahead(self, program: str | None, now: float) -> int:
         """Prompt tokens this replica serves before a turn of ``program`` arriving now."""
@@ -334,6 +338,7 @@ def replica_stats(
     prefilling_tokens: int = 0,
     waiting: Iterable[Queued] | None = None,
     queued_tokens: int | None = None,
+    pin_endpoint: str | None = None,
 ) -> dict[str, Any]:
     """The routing stats a replica publishes from its pin controller (the same object the
     engine hook runs): ``{STATS_KEY: {...}}``, JSON-ready. ``free_tokens``: KV neither used
@@ -352,6 +357,8 @@ def replica_stats(
         "prefill_tokens_per_s": float(prefill_tokens_per_s),
         "at": float(now),
     }
+    if pin_endpoint is not None:
+        block["pin_endpoint"] = check_endpoint(pin_endpoint, "pin_endpoint")
     queue = sorted(
         ((q.key, _to_compute(controller, q, tokens_per_block)) for q in (waiting or ())),
         key=lambda kt: kt[0],
@@ -431,6 +438,9 @@ def view_of(
         raise ValueError(
             f"routing stats of {replica_id}: prefill_tokens_per_s and at must be numbers"
         ) from e
+    endpoint = block.get("pin_endpoint")
+    if endpoint is not None:
+        endpoint = check_endpoint(endpoint, f"routing stats of {replica_id}: pin_endpoint")
     return ReplicaView(
         replica_id,
         free,
@@ -442,4 +452,5 @@ def view_of(
         bound,
         ahead_tokens=_int(replica_id, block, "ahead_tokens"),
         at=at,
+        pin_endpoint=endpoint,
     )
