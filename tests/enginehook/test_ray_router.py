@@ -6,11 +6,16 @@ requests they serve, publishing their pins through ``record_routing_stats``, and
 Asserted: a new program goes to the replica with the fewest programs bound to it (every
 queue is idle, so waits tie), then the most KV neither used nor pinned; a returning
 program's turns go to its pin's holder (even where another replica has more room); a replica
-added later takes new programs and no program with a live pin."""
+added later takes new programs and no program with a live pin; and once a holder publishes
+prefill work that outweighs the recompute elsewhere, the program escapes it and the router
+drops the pin through the endpoint the holder publishes in its stats (each replica serves a
+real hook endpoint and applies the commands it takes as the hook's scheduler does)."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +28,13 @@ from ray.serve.config import (  # type: ignore[import-not-found,unused-ignore]  
     RequestRouterConfig,
 )
 
+from enginehook.core.commands import PinCommands  # noqa: E402
 from enginehook.core.decide import TtlDecider  # noqa: E402
 from enginehook.core.lifecycle import FinishedTurn, PinController  # noqa: E402
 from enginehook.core.pins import Pin, ReleaseReason  # noqa: E402
 from enginehook.core.rules import SchedulingRules  # noqa: E402
 from enginehook.routing import replica_stats  # noqa: E402
+from enginehook.vllm.metrics import HookMetrics, serve_metrics  # noqa: E402
 from estimator import Decision, RequestFacts  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -85,10 +92,20 @@ class PinnedReplica:
             decider=_ClientTtl(),
             engine_id=self.replica_id,
         )
+        # the hook's endpoint: a router's pin commands, applied before each turn and stats
+        self.commands = PinCommands()
+        _, port = serve_metrics(HookMetrics(), "127.0.0.1:0", self.commands)
+        self.pin_endpoint = f"http://127.0.0.1:{port}"
+        self.busy_tokens = 0  # prefill work published as running ahead of every turn
+
+    def _step(self, now: float) -> None:
+        self.commands.apply(self.controller, now)
+        self.controller.expire(now)
 
     async def __call__(self, turn: dict[str, Any]) -> dict[str, Any]:
         program, now = str(turn["program"]), time.time()
-        self.controller.expire(now)
+        self._step(now)
+        self.busy_tokens = int(turn.get("busy_tokens", self.busy_tokens))
         self.controller.arrived(program, now, now, prompt_tokens=int(turn["prompt_tokens"]))
         hit = self.controller.admitted(program, now).pin is not None
         blocks = int(turn["prompt_tokens"]) // BLOCK
@@ -101,19 +118,28 @@ class PinnedReplica:
             program, "bash", "pytest", int(turn["prompt_tokens"]), pin_ttl_s=120.0
         )
         self.controller.finished(finished, time.time(), take)
-        return {"replica": self.replica_id, "hit": hit, "pinned": self.controller.pinned(program)}
+        return {
+            "replica": self.replica_id,
+            "hit": hit,
+            "pinned": self.controller.pinned(program),
+            "pin_endpoint": self.pin_endpoint,
+        }
 
     def record_routing_stats(self) -> dict[str, Any]:
         now = time.time()
-        self.controller.expire(now)
-        # a call is served whole when it arrives: nothing runs or waits between calls
+        self._step(now)
+        # a call is served whole when it arrives: nothing waits between calls, and only
+        # the published busy work runs
         return replica_stats(
             self.controller,
             free_tokens=self.host.free_tokens(),
             prefill_tokens_per_s=1_000.0,
             tokens_per_block=BLOCK,
             now=now,
+            running=1 if self.busy_tokens else 0,
+            prefilling_tokens=self.busy_tokens,
             waiting=[],
+            pin_endpoint=self.pin_endpoint,
         )
 
 
@@ -150,10 +176,10 @@ def cluster() -> Any:
         ray.shutdown()
 
 
-def _turn(handle: Any, program: str, tokens: int) -> dict[str, Any]:
+def _turn(handle: Any, program: str, tokens: int, **extra: int) -> dict[str, Any]:
     reply: dict[str, Any] = (
         handle.options(session_id=program)
-        .remote({"program": program, "prompt_tokens": tokens})
+        .remote({"program": program, "prompt_tokens": tokens, **extra})
         .result(timeout_s=60)
     )
     assert reply["pinned"], reply
@@ -188,3 +214,29 @@ def test_turns_follow_their_pins_and_new_programs_the_fewest_bound(cluster: Any)
     time.sleep(SETTLE_S)
     d = _turn(handle, "prog-d", 512)["replica"]
     assert d not in {a, b}
+
+    # prog-a's holder takes on 100 s of prefill work: its next turn escapes (2,048 pinned
+    # tokens recomputed on an idle replica: 2 s), and the router drops the pin it leaves
+    held = _turn(handle, "prog-a", 2_048, busy_tokens=100_000)
+    assert (held["replica"], held["hit"]) == (a, True)
+    time.sleep(SETTLE_S)
+    moved = _turn(handle, "prog-a", 2_048)
+    assert moved["replica"] != a
+    assert not moved["hit"]
+    command = _settled(held["pin_endpoint"], "c1")
+    assert (command["action"], command["session"], command["state"]) == (
+        "drop",
+        "prog-a",
+        "applied",
+    )
+
+
+def _settled(endpoint: str, command_id: str) -> dict[str, Any]:
+    """The command once its replica settled it (it applies commands at each stats call)."""
+    deadline = time.monotonic() + 10 * SETTLE_S
+    while True:
+        with urllib.request.urlopen(f"{endpoint}/cachettl/pins/commands/{command_id}") as reply:
+            command: dict[str, Any] = json.loads(reply.read())
+        if command["state"] != "accepted" or time.monotonic() > deadline:
+            return command
+        time.sleep(STATS_PERIOD_S)
