@@ -39,6 +39,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from controlplane.records import Move
+
 __all__ = ["MAX_PROGRAMS", "Location", "Move", "ProgramLocations"]
 
 #: Programs whose location is kept per tenant (the least recently arrived go first).
@@ -50,17 +52,6 @@ class Location:
     """The engine a program's latest turn arrived at, and when."""
 
     engine_id: str
-    arrived_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """A turn of ``program_id`` arrived at ``to_engine`` at ``arrived_at`` (the engine's
-    clock); the program's previous turn had arrived at ``from_engine``, which is told."""
-
-    program_id: str
-    from_engine: str
-    to_engine: str
     arrived_at: float
 
 

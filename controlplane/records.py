@@ -13,6 +13,7 @@ __all__ = [
     "Limits",
     "MissQuery",
     "MissReason",
+    "Move",
     "NotPinnedCause",
     "PinOutcome",
     "ProgramEnd",
@@ -299,3 +300,15 @@ class SnapshotRecord:
     end_seq: int
     created_at: float
     payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A turn of ``program_id`` arrived at ``to_engine`` at ``arrived_at`` (the engine's
+    clock); the program's previous turn had arrived at ``from_engine``, which is told
+    (pin coherence: :mod:`controlplane.coherence`)."""
+
+    program_id: str
+    from_engine: str
+    to_engine: str
+    arrived_at: float

@@ -20,7 +20,6 @@ connection was down (it reconnects with backoff).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -30,9 +29,9 @@ import grpc
 
 from controlplane._gen.cachettl.v1 import cluster_pb2
 from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
-from controlplane.coherence import Move, ProgramLocations
+from controlplane.coherence import ProgramLocations
 from controlplane.errors import InvalidInputError
-from controlplane.records import LIMITS, Tenant
+from controlplane.records import LIMITS, Move, Tenant
 from controlplane.service import ControlPlane
 from controlplane.storage.locations import SharedLocations, shared_locations
 from controlplane.validation import check_known, check_name, timestamp_s
@@ -156,14 +155,6 @@ class CoherenceHub:
             if not self._watchers and self._listening is not None:
                 self._listening.cancel()  # the last watcher here left
                 self._listening = None
-
-    async def close(self) -> None:
-        """Stop listening (the watchers' streams end with the server)."""
-        if self._listening is not None:
-            self._listening.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listening
-            self._listening = None
 
 
 class CoherenceMethods:

@@ -45,9 +45,8 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Engine
 
-from controlplane.coherence import Move
 from controlplane.errors import StorageError
-from controlplane.records import Tenant
+from controlplane.records import Move, Tenant
 from controlplane.storage.base import Store
 from controlplane.storage.sql import SqlStore, _statement
 
