@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -241,7 +242,42 @@ def _tally(run: AgentRun, messages: list[dict[str, Any]]) -> None:
 # -- processes ---------------------------------------------------------------------------
 
 
+#: The lowest port :func:`free_port` hands out.
+PORT_FLOOR = 20_000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel gives a socket bound to port 0 (Linux; else 0)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server that binds it later (an engine binds
+    its ports a minute after it is started).
+
+    Drawn from below the kernel's ephemeral range (``PORT_FLOOR`` up to it), where no socket
+    bound to port 0 lands (vLLM's own sockets, clients' connections), so nothing takes the
+    port meanwhile but another such choice; never the same port twice in one process. Where
+    the range is unknown or leaves too little room, the kernel's choice.
+    """
+    ceiling = _ephemeral_floor()
+    if ceiling - PORT_FLOOR >= 1_000:
+        rng = random.Random()
+        for _ in range(256):
+            port = rng.randrange(PORT_FLOOR, ceiling)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -327,7 +363,8 @@ def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = 60) ->
 
 @dataclass
 class ControlPlaneProcess:
-    """``cachettl serve`` on SQLite at ``db`` (a tenant created first; its token kept)."""
+    """``cachettl serve`` on the database at ``db`` (SQLite or PostgreSQL; a tenant created
+    first unless ``token`` is given, as for a second replica of one database)."""
 
     db: str
     port: int

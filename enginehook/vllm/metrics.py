@@ -292,7 +292,14 @@ def serve_metrics(
 
     attributes = {"hook_metrics": metrics, "commands": commands, "token": token}
     handler = type("Handler", (_Endpoint,), {**attributes, "clock": staticmethod(clock)})
-    server = _PooledHTTPServer((host or "127.0.0.1", int(port)), handler)
+    try:
+        server = _PooledHTTPServer((host or "127.0.0.1", int(port)), handler)
+    except OSError as error:
+        raise OSError(
+            error.errno,
+            f"additional_config.cachettl.metrics_listen: cannot listen on {listen!r}: "
+            f"{error.strerror}",
+        ) from None
     threading.Thread(target=server.serve_forever, name="cachettl-metrics", daemon=True).start()
     return server, int(server.server_address[1])
 
@@ -388,9 +395,10 @@ class _PooledHTTPServer(HTTPServer):
     request_queue_size = 128  # accept promptly; the bound is kept after accepting
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        # Before binding: a failed bind closes the server, which shuts the pool down.
         self._pool = ThreadPoolExecutor(METRICS_THREADS, thread_name_prefix="cachettl-metrics")
         self._slots = threading.BoundedSemaphore(METRICS_MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
         #: Connections closed unanswered because the bound was reached.
         self.refused = 0
 

@@ -9,8 +9,11 @@ import threading
 import time
 import urllib.request
 
+import pytest
+
 from enginehook.core.lifecycle import MAX_PROGRAMS, FinishedTurn, PinController
 from enginehook.core.rules import SchedulingRules
+from enginehook.tools.agentrun import PORT_FLOOR, _ephemeral_floor, free_port
 from enginehook.vllm.metrics import (
     METRICS_MAX_CONNECTIONS,
     METRICS_THREADS,
@@ -118,3 +121,25 @@ def test_the_metrics_endpoint_holds_a_bounded_number_of_threads_and_connections(
     assert threading.active_count() - before <= METRICS_THREADS
     server.shutdown()
     server.server_close()
+
+
+def test_a_metrics_port_in_use_is_refused_by_name_and_leaves_no_thread() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        threads = threading.active_count()
+        with pytest.raises(OSError, match=r"metrics_listen: cannot listen on '127\.0\.0\.1:\d+'"):
+            serve_metrics(HookMetrics(), f"127.0.0.1:{port}")
+        assert threading.active_count() == threads
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_never_twice() -> None:
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    ceiling = _ephemeral_floor()
+    if ceiling - PORT_FLOOR >= 1_000:  # Linux: the kernel's range is known
+        assert all(PORT_FLOOR <= p < ceiling for p in ports)
+    for port in ports:  # each one free: a server can bind it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
