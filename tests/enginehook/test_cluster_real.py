@@ -1,12 +1,14 @@
-"""A real cluster: vllm-router 0.1.17 (PyPI) in front of two CPU engines with the hook and one
-control plane (``cachettl serve``), sessions by ``X-Session-ID``.
+"""A real cluster: vllm-router 0.1.17 (PyPI) in front of two CPU engines with the hook, each
+linked to its own control-plane replica (``cachettl serve``; the two share one PostgreSQL
+schema), sessions by ``X-Session-ID``.
 
 - Under ``consistent_hash``, ``sticky_least_loaded`` and ``cache_aware`` every program stays
   on one engine, every returning turn finds its pinned prefix, and the router's count of
   requests per engine equals the engines' own.
 - A worker removed and added back moves programs: a moved program loses at most its pin (its
   turns all complete), the engine it left releases that pin within 2 s (pin coherence
-  through the control plane, the engine idle meanwhile) and reports the tool call with the
+  through the control plane: the move is found by one replica and told by the other, the
+  engine idle meanwhile) and reports the tool call with the
   duration it really had; no pin is left behind once the programs end.
 - Every ended session reaches the router's ``/finish_session`` (``sticky_least_loaded``
   logs it).
@@ -16,12 +18,14 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
 
 from enginehook.tools.agentrun import ControlPlaneProcess, free_port, wait_for
 from enginehook.tools.cluster import ClusterEngine, Router, Turn, chat_turn
@@ -30,6 +34,7 @@ from enginehook.tools.tinymodel import random_words
 pytestmark = pytest.mark.slow
 
 BLOCK = 32
+PG_BASE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MOVED = 'cachettl_pin_releases_total{reason="moved"}'
 
 
@@ -53,20 +58,50 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def pg_schema() -> Iterator[str]:
+    """A fresh schema of PostgreSQL's database ``test``, dropped at the end."""
+    engine = create_engine(PG_BASE, isolation_level="AUTOCOMMIT")
+    name = f"cluster_{uuid.uuid4().hex[:12]}"
+    with engine.connect() as c:
+        c.execute(text(f"CREATE SCHEMA {name}"))
+    try:
+        yield name
+    finally:
+        with engine.connect() as c:
+            c.execute(text(f"DROP SCHEMA IF EXISTS {name} CASCADE"))
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tiny_model: Path, pg_schema: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """Two engines, each linked to its own control-plane replica; the replicas share one
+    PostgreSQL schema, so a program moving between the engines is a move between replicas."""
     work = tmp_path_factory.mktemp("cluster")
-    plane = ControlPlaneProcess(f"sqlite:///{work / 'cp.sqlite3'}", free_port(), work / "cp.log")
-    plane.start()
-    (work / "token").write_text(plane.token)
+    db = f"{PG_BASE}?options=-csearch_path%3D{pg_schema}"
+    planes = [ControlPlaneProcess(db, free_port(), work / f"cp{i}.log") for i in range(2)]
+    planes[0].start()
+    planes[1].token = planes[0].token  # the tenant is the database's: one token for both
+    planes[1].start()
+    (work / "token").write_text(planes[0].token)
     router_port = free_port()
-    hook = {
-        "policy": "fixed",
-        "policy_params": {"ttl_s": 60.0, "skip_slow_tools": False},
-        "control_plane": f"127.0.0.1:{plane.port}",
-        "token_file": str(work / "token"),
-    }
     env = {"CACHETTL_ROUTER_URLS": f"http://127.0.0.1:{router_port}"}
-    engines = [ClusterEngine(f"engine{i}", tiny_model, work, hook, env=env) for i in range(2)]
+    engines = [
+        ClusterEngine(
+            f"engine{i}",
+            tiny_model,
+            work,
+            {
+                "policy": "fixed",
+                "policy_params": {"ttl_s": 60.0, "skip_slow_tools": False},
+                "control_plane": f"127.0.0.1:{plane.port}",
+                "token_file": str(work / "token"),
+            },
+            env=env,
+        )
+        for i, plane in enumerate(planes)
+    ]
     try:
         for engine in engines:
             engine.start()
@@ -75,7 +110,8 @@ def cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     finally:
         for engine in engines:
             engine.stop()
-        plane.stop()
+        for plane in planes:
+            plane.stop()
 
 
 @dataclass
