@@ -39,6 +39,7 @@ __all__ = [
     "CpuTierSetting",
     "HookConfig",
     "detect_cpu_tier",
+    "read_token",
 ]
 
 logger = logging.getLogger("enginehook")
@@ -196,20 +197,21 @@ class HookConfig:
                 TOKEN_ENV,
             )
         elif values.get("token_file"):
-            values["token"] = _read_token(str(values["token_file"]))
+            values["token"] = read_token(str(values["token_file"]))
         else:
             values["token"] = os.environ.get(TOKEN_ENV, "").strip()
         return cls(**values)
 
 
-def _read_token(path: str) -> str:
-    """The token in ``path`` (whitespace stripped); a clear error naming the key."""
+def read_token(path: str, where: str = f"{_PREFIX}.token_file") -> str:
+    """The bearer token in ``path`` (whitespace stripped); a clear error naming ``where``
+    (the setting that named the file)."""
     try:
         token = Path(path).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{_PREFIX}.token_file: cannot read {path!r}: {exc}") from None
+        raise ValueError(f"{where}: cannot read {path!r}: {exc}") from None
     if not token or any(ord(c) < 0x21 or ord(c) > 0x7E for c in token):
-        raise ValueError(f"{_PREFIX}.token_file: {path!r} holds no token on one printable line")
+        raise ValueError(f"{where}: {path!r} holds no token on one printable line")
     return token
 
 

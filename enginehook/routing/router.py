@@ -19,9 +19,9 @@ ValueError: request_router_kwargs: unknown ['credit_decay'] (known: credit_decay
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
+from enginehook.core.config import read_token
 from enginehook.routing.drops import PinDrops
 from enginehook.routing.rule import Memory, Route, route, view_of
 
@@ -124,10 +124,4 @@ def _read_token(path: object) -> str:
     where = "request_router_kwargs.pin_token_file"
     if not isinstance(path, str):
         raise ValueError(f"{where} must be a path string, got {path!r}")
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise ValueError(f"{where}: cannot read {path!r}: {exc}") from None
-    if not token:
-        raise ValueError(f"{where}: {path!r} is empty")
-    return token
+    return read_token(path, where)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enginehook.core.config import read_token
 from enginehook.tools.agentrun import free_port, start_vllm, stop_process, vllm_ready, wait_for
 
 __all__ = [
@@ -137,7 +138,7 @@ class ClusterEngine:
         """Ask the hook to drop ``session``'s pin (its pin-command endpoint, with the hook's
         bearer token when it has one); the endpoint's answer."""
         token_file = (self.hook or {}).get("token_file")
-        token = Path(token_file).read_text().strip() if token_file else ""
+        token = read_token(token_file) if token_file else ""
         session = urllib.parse.quote(session, safe="")
         url = f"http://127.0.0.1:{self.metrics_port}/cachettl/pins/{session}:drop"
         try:

@@ -281,7 +281,7 @@ def test_bad_router_settings_are_named(tmp_path: Path) -> None:
         ({"credit_decay_s": 0}, "credit_decay_s must be > 0, got 0"),
         ({"prefill_tokens_per_s": True}, "prefill_tokens_per_s must be > 0, got True"),
         ({"pin_token_file": str(tmp_path / "missing")}, "pin_token_file: cannot read"),
-        ({"pin_token_file": str(tmp_path / "empty")}, "pin_token_file: .* is empty"),
+        ({"pin_token_file": str(tmp_path / "empty")}, "pin_token_file: .* holds no token"),
         ({"pin_token_file": 7}, "pin_token_file must be a path string"),
     ):
         with pytest.raises(ValueError, match=message):
