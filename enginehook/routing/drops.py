@@ -9,6 +9,11 @@ program is not coming back for. A replica that publishes where its pin commands 
 (:mod:`enginehook.core.commands`). A replica that publishes none keeps the pin until it
 expires, or until pin coherence through the control plane drops it.
 
+A drop that finds its holder busy (429) or unreachable is forgotten once counted, so the
+next escape of the same pin (the router's next decision on the holder's stale stats) tells
+it again: retried as often as routing meets the pin, never in a loop of its own. Any other
+answer is final for that pin.
+
 Never on the routing decision's path: :meth:`PinDrops.escaped` only queues (a bounded
 queue; when full the drop is counted and let go, never waited for) and one daemon thread
 posts, each with a short timeout. Every outcome is counted (:data:`OUTCOMES`), each kind
@@ -76,6 +81,10 @@ OUTCOMES = (
     "unreachable",
 )
 _BY_STATUS = {202: "accepted", 400: "rejected", 429: "busy", 501: "unsupported", 403: "forbidden"}
+#: Outcomes after which the pin is told again at its next escape.
+_TRANSIENT = frozenset({"busy", "unreachable"})
+#: A pin as the router saw it: (holder, program, expiry).
+_Pin = tuple[str, str, float]
 #: Bytes of an answer kept for the log.
 _DETAIL_BYTES = 512
 
@@ -118,8 +127,8 @@ class PinDrops:
         self.timeout_s = timeout_s
         self.max_queued = max_queued
         self.max_told = max_told
-        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(max_queued)
-        self._told: OrderedDict[tuple[str, str, float], None] = OrderedDict()
+        self._queue: queue.Queue[tuple[str, str, _Pin] | None] = queue.Queue(max_queued)
+        self._told: OrderedDict[_Pin, None] = OrderedDict()
         self._counts: Counter[str] = Counter()
         self._logged: set[str] = set()
         self._lock = threading.Lock()
@@ -146,7 +155,7 @@ class PinDrops:
                 )
                 self._worker.start()
         try:
-            self._queue.put_nowait((endpoint, program))
+            self._queue.put_nowait((endpoint, program, key))
         except queue.Full:
             with self._lock:
                 self._told.pop(key, None)  # a later escape of this pin may try again
@@ -169,12 +178,15 @@ class PinDrops:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            endpoint, program = item
+            endpoint, program, key = item
             self._count("sent")
             try:
                 outcome, detail = self._post(endpoint, program)
             except Exception as exc:  # the worker outlives any one holder's fault
                 outcome, detail = "failed", f"{type(exc).__name__}: {exc}"
+            if outcome in _TRANSIENT:
+                with self._lock:
+                    self._told.pop(key, None)  # the next escape of this pin tells it again
             self._count(outcome, f"{endpoint}, session {program!r}: {detail}")
 
     def _post(self, endpoint: str, program: str) -> tuple[str, str]:

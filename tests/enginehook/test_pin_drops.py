@@ -8,7 +8,8 @@ Asserted: the escape settles ``applied`` and the controller no longer holds the 
 its next stats route the program by rule 2); the same stale pin is told once; the token
 comes from the router's token file; a hook that forbids, does not pin, refuses the
 connection, or never answers is counted by kind while routing answers at once; a full queue
-is counted, not waited on; bad endpoints, token files and settings are named."""
+is counted, not waited on; a drop that found its holder unreachable is told again at the
+pin's next escape; bad endpoints, token files and settings are named."""
 
 from __future__ import annotations
 
@@ -204,6 +205,20 @@ def test_a_hook_that_does_not_pin_or_is_gone_is_counted_and_routing_answers() ->
     _escape(router, _stats(controller, busy_tokens=5_000, endpoint=gone))
     _until(lambda: router.drops.get("unreachable") == 1, "refused counted")
     assert router.drops == {"sent": 2, "unsupported": 1, "repeated": 1, "unreachable": 1}
+
+
+def test_a_pin_whose_holder_was_unreachable_is_told_again_at_its_next_escape() -> None:
+    controller, _ = _holder()
+    router = TtlRouter.from_kwargs({})
+    with _hook(controller) as down:
+        gone = down.url
+    _escape(router, _stats(controller, busy_tokens=5_000, endpoint=gone))
+    _until(lambda: router.drops.get("unreachable") == 1, "the refused drop is counted")
+    with _hook(controller) as back:  # the holder's hook is back (on another port)
+        _escape(router, _stats(controller, busy_tokens=5_000, endpoint=back.url))  # same pin
+        _until(lambda: not back.pinned("s1"), "the holder drops the pin")
+        _until(lambda: router.drops.get("accepted") == 1, "the second drop is answered")
+        assert router.drops == {"sent": 2, "unreachable": 1, "accepted": 1}
 
 
 @contextmanager
