@@ -48,7 +48,7 @@ from sqlalchemy import Engine
 from controlplane.errors import StorageError
 from controlplane.records import Move, Tenant
 from controlplane.storage.base import Store
-from controlplane.storage.sql import SqlStore, _statement
+from controlplane.storage.sql import SqlStore, autocommit
 
 __all__ = [
     "KEEP_S",
@@ -196,7 +196,7 @@ class SharedLocations:
     def channel(self) -> str:
         """This schema's channel (one query, the first time)."""
         if self._channel is None:
-            with _statement(self.engine) as c:
+            with autocommit(self.engine) as c:
                 schema = c.exec_driver_sql("SELECT current_schema()").scalar()
             self._channel = channel_of(str(schema))
         return self._channel
@@ -229,7 +229,7 @@ class SharedLocations:
         }
         for attempt in range(1, DEADLOCK_TRIES + 1):
             try:
-                with _statement(self.engine) as c:
+                with autocommit(self.engine) as c:
                     payloads = [row[0] for row in c.exec_driver_sql(_REPORT, params)]
                 break
             except StorageError as error:
@@ -242,7 +242,7 @@ class SharedLocations:
 
     def prune(self, now: float) -> int:
         """Delete the rows not refreshed for ``keep_s`` before ``now``; how many."""
-        with _statement(self.engine) as c:
+        with autocommit(self.engine) as c:
             return c.exec_driver_sql(_PRUNE, {"cutoff": now - self.keep_s}).rowcount
 
     async def listen(self) -> AsyncIterator[Published]:

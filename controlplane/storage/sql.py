@@ -45,7 +45,7 @@ from controlplane.storage.base import SNAPSHOTS_KEPT, Store
 from controlplane.storage.migrate import check_schema
 from controlplane.storage.schema import program_ends, snapshots, tenants, tool_events
 
-__all__ = ["SqlStore", "make_engine", "transaction"]
+__all__ = ["SqlStore", "autocommit", "make_engine", "transaction"]
 
 #: How long a writer waits for SQLite's write lock before failing.
 BUSY_TIMEOUT_S = 10.0
@@ -138,7 +138,7 @@ def transaction(engine: Engine, write: bool = False) -> Iterator[Connection]:
 
 
 @contextmanager
-def _statement(engine: Engine) -> Iterator[Connection]:
+def autocommit(engine: Engine) -> Iterator[Connection]:
     """A connection whose every statement is a transaction of its own (PostgreSQL's
     autocommit; committed, durably, when the statement returns), errors translated as
     by ``transaction``."""
@@ -348,7 +348,7 @@ class SqlStore(Store):
             with transaction(self.engine, write=True) as c:
                 seqs = self._append_sqlite(c, tenant, unique, now)
         else:
-            with _statement(self.engine) as c:
+            with autocommit(self.engine) as c:
                 seqs = self._append_postgres(c, tenant, unique, now)
         return AppendResult(tuple(seqs), len(calls) - len(seqs))
 
