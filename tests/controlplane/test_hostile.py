@@ -1,4 +1,4 @@
-"""Fuzz/soak of the service with hostile input (issue 13): while one tenant sends deeply
+"""Fuzz/soak of the service with hostile input: while one tenant sends deeply
 nested and huge arguments, floods of new names, control characters, extreme turn indexes,
 resends and malformed events, and holds half-open calls and many snapshot streams open
 (as do callers without a token), another tenant is served within its latency bound and

@@ -1,4 +1,4 @@
-"""Issue 13, defects 1, 4, 6 and 11, each over a real server on a port (SQLite and
+"""Hostile events, each over a real server on a port (SQLite and
 PostgreSQL where the database matters): one poisonous event, unbounded names, a turn
 index PostgreSQL could not hold, and what reaches an operator's terminal."""
 
@@ -26,7 +26,7 @@ from controlplane.storage.sql import SqlStore
 from .conftest import pg_url
 
 BOTH = pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
-#: The event of issue 13: 4,005 characters, within every input limit.
+#: The poison event: 4,005 characters, within every input limit.
 POISON = '{"a":' + "[" * 4000
 
 

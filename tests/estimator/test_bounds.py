@@ -1,4 +1,4 @@
-"""Memory bounds of the estimator (issue 13, defect 4): per model and per tenant."""
+"""Memory bounds of the estimator: per model and per tenant."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The trace reader on hostile lines (issue 13, defect 10): every error names the line
+"""The trace reader on hostile lines: every error names the line
 (and the field), never a traceback, and valid lines are read whatever they hold."""
 
 from __future__ import annotations
