@@ -23,7 +23,7 @@ from typing import Any
 
 from enginehook.core.config import read_token
 from enginehook.routing.drops import PinDrops
-from enginehook.routing.rule import Memory, Route, route, view_of
+from enginehook.routing.rule import STATS_KEY, Memory, ReplicaView, Route, route, view_of
 
 __all__ = ["KWARGS", "TtlRouter"]
 
@@ -36,6 +36,8 @@ KWARGS: Mapping[str, Any] = {
 }
 #: Decisions kept for :attr:`TtlRouter.decisions`.
 DECISIONS_KEPT = 256
+#: Replicas whose latest view is kept (more: the one read longest ago is dropped).
+MAX_REPLICAS = 4_096
 
 
 class TtlRouter:
@@ -60,6 +62,8 @@ class TtlRouter:
         self.prefill_tokens_per_s = float(prefill_tokens_per_s)
         self.pin_drops = pin_drops if pin_drops is not None else PinDrops()
         self.memory = Memory()
+        #: Per replica: the stats last read, their ``at`` and the view read from them.
+        self._views: dict[str, tuple[Mapping[str, Any] | None, object, ReplicaView]] = {}
         #: The latest decisions, newest last (what a test or an operator reads).
         self.decisions: list[tuple[str | None, Route]] = []
 
@@ -93,10 +97,7 @@ class TtlRouter:
         """The rule over ``replicas`` (each ``(replica_id, routing_stats)``) for a request of
         ``program`` at ``now`` (the replicas' clock: Unix seconds); records the live pins
         seen, and queues the drop of an escaped pin."""
-        views = self.memory.current(
-            view_of(rid, stats, self.prefill_tokens_per_s) for rid, stats in replicas
-        )
-        self.memory.observe(views, now)
+        views = self.memory.current([self._view(rid, stats, now) for rid, stats in replicas])
         decision = route(
             program,
             views,
@@ -118,6 +119,29 @@ class TtlRouter:
     def routed(self, program: str | None, replica_id: str, now: float, tokens: int = 0) -> None:
         """A request of ``program`` was sent to ``replica_id`` (:meth:`Memory.routed`)."""
         self.memory.routed(program, replica_id, now, tokens=tokens)
+
+    def _view(self, replica_id: str, stats: Mapping[str, Any] | None, now: float) -> ReplicaView:
+        """The replica's view, read from ``stats`` once: while a replica publishes the same
+        mapping with the same ``at`` its view is kept, so a decision costs nothing per
+        published pin (Ray hands each poll's stats over as a new mapping; a host that
+        updates one mapping in place must change its ``at``)."""
+        stamp = _stamp(stats)
+        held = self._views.get(replica_id)
+        if held is not None and held[0] is stats and held[1] == stamp:
+            return held[2]
+        view = view_of(replica_id, stats, self.prefill_tokens_per_s)
+        self.memory.observe(view, now, before=held[2] if held is not None else None)
+        self._views.pop(replica_id, None)
+        self._views[replica_id] = (stats, stamp, view)  # most recently read last
+        if len(self._views) > MAX_REPLICAS:  # replicas long gone: the one read longest ago
+            del self._views[next(iter(self._views))]
+        return view
+
+
+def _stamp(stats: Mapping[str, Any] | None) -> object:
+    """When ``stats`` were taken (their ``at``), as published."""
+    block = stats.get(STATS_KEY) if isinstance(stats, Mapping) else None
+    return block.get("at") if isinstance(block, Mapping) else None
 
 
 def _read_token(path: object) -> str:

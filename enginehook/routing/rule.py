@@ -25,9 +25,10 @@ publishes no queue view: all its queued prompt tokens, the earlier wait). For on
    engines' pin coherence through the control plane does it too).
 2. **No live pin**, the program ran before: every replica costs ``wait(e) +
    prefill_e(prompt - credit(e))``; the replica it last ran on gets a prefix credit of its
-   context that decays as ``exp(-age / credit_decay_s)`` from when its pin was last seen
-   alive (or from its last routing when it was never pinned); the lowest cost wins, ties
-   to the most free KV.
+   context that decays as ``exp(-age / credit_decay_s)`` from when its pin was last known
+   alive (its published expiry, or the time of the first stats that no longer show it), or
+   from its last routing when it was never pinned; the lowest cost wins, ties to the most
+   free KV.
 3. **New program** (no pin, never seen): the shortest wait; ties (idle queues) to the
    fewest bound programs, then the fewest running requests, then the most KV neither used
    nor pinned, then the lowest id.
@@ -266,13 +267,21 @@ class Memory:
         while len(self._last) > self.max_programs:
             self._last.popitem(last=False)
 
-    def observe(self, replicas: Iterable[ReplicaView], now: float) -> None:
-        """Live pins seen now: their holder is where the program last ran, and its credit
-        starts decaying no earlier than now (or the pin's expiry, if sooner)."""
-        for r in replicas:
-            for program, pin in r.pins.items():
-                if pin.expires_at > now:
-                    self._put(program, Last(r.replica_id, min(now, pin.expires_at), pin.tokens))
+    def observe(self, view: ReplicaView, now: float, before: ReplicaView | None = None) -> None:
+        """New stats of one replica, first read at ``now``: each live pin's program last ran
+        there, its credit decaying from the pin's published expiry; a program whose pin
+        ``before`` (the replica's previous stats) showed and ``view`` does not, last seen
+        there, decays from when ``view`` was taken (its ``at``, else ``now``). Called once
+        per new stats, so a decision costs nothing per pin."""
+        gone_at = view.at if view.at is not None else now
+        if before is not None:
+            for program in before.pins.keys() - view.pins.keys():
+                last = self._last.get(program)
+                if last is not None and last.replica_id == view.replica_id and last.since > gone_at:
+                    self._last[program] = dataclasses.replace(last, since=gone_at)
+        for program, pin in view.pins.items():
+            if pin.expires_at > now:
+                self._put(program, Last(view.replica_id, pin.expires_at, pin.tokens))
 
     def routed(self, program: str | None, replica_id: str, now: float, tokens: int = 0) -> None:
         """A request of ``program`` was sent to ``replica_id``: the context it leaves there is

@@ -45,6 +45,39 @@ def register(
     )
     p.set_defaults(handler=_bench_vllm)
     _register_bench_agent(bench)
+    _register_bench_router(bench)
+
+
+def _register_bench_router(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = bench.add_parser(
+        "router",
+        help="the TTL-aware router's cost per decision, by replicas and published pins",
+    )
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument(
+        "--replicas", default="4,16,64", help="replica counts, comma-separated (default 4,16,64)"
+    )
+    p.add_argument("--pins", type=int, default=300, help="live pins each replica publishes")
+    p.add_argument("--decisions", type=int, default=300, help="decisions of each kind per row")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=_bench_router)
+
+
+def _bench_router(args: argparse.Namespace) -> int:
+    from enginehook.tools.routerbench import format_rows, run_router_bench
+
+    try:
+        counts = [int(x) for x in args.replicas.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--replicas: expected counts like 4,16,64, got {args.replicas!r}"
+        ) from None
+    rows = run_router_bench(counts, args.pins, args.decisions, args.seed)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        print(format_rows(rows))
+    return 0
 
 
 def _parse_params(items: list[str]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ its next stats route the program by rule 2); the same stale pin is told once; th
 comes from the router's token file; a hook that forbids, does not pin, refuses the
 connection, or never answers is counted by kind while routing answers at once; a full queue
 is counted, not waited on; a drop that found its holder unreachable is told again at the
-pin's next escape; bad endpoints, token files and settings are named."""
+pin's next escape; bad endpoints, token files and settings are named. The router reads each
+replica's published stats once (a new mapping, or the same one with a new ``at``)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from enginehook.core.rules import SchedulingRules
 from enginehook.routing import replica_stats, view_of
 from enginehook.routing.drops import PINS_PATH, PinDrops, check_endpoint
 from enginehook.routing.router import TtlRouter
+from enginehook.routing.rule import Last
 from enginehook.vllm import metrics
 from estimator import Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
@@ -303,3 +305,21 @@ def test_bad_router_settings_are_named(tmp_path: Path) -> None:
             TtlRouter.from_kwargs(kwargs)
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
         PinDrops(timeout_s=0.0)
+
+
+def test_the_router_reads_each_published_stats_once() -> None:
+    controller, _ = _holder()
+    router = TtlRouter.from_kwargs({})
+    stats = _stats(controller)  # s1's 160-token pin on a until 31.0, taken at 2.0
+    replicas = [("a", stats), ("b", _idle())]
+    router.decide(replicas, "x", now=NOW)
+    assert router.memory.get("s1") == Last("a", 31.0, 160)  # alive until its expiry
+    router.routed("s1", "b", now=NOW)
+    router.decide(replicas, "x", now=NOW + 1)  # the same stats: not read again
+    assert router.memory.get("s1") == Last("b", NOW, 160)
+    stats["cachettl"]["at"] = NOW + 1  # updated in place, with its time: read again
+    router.decide(replicas, "x", now=NOW + 1)
+    assert router.memory.get("s1") == Last("a", 31.0, 160)
+    controller.close("s1")
+    router.decide([("a", _stats(controller)), ("b", _idle())], "x", now=NOW + 2)
+    assert router.memory.get("s1") == Last("a", NOW, 160)  # gone from stats taken at 2.0

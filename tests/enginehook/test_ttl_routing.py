@@ -169,10 +169,13 @@ def test_a_joining_replica_takes_no_program_with_a_live_pin() -> None:
 def test_the_memory_follows_pins_and_routes_and_is_bounded() -> None:
     memory = Memory(max_programs=2)
     memory.routed("p", "b", now=1.0, tokens=100)
-    memory.observe([_r("a", p=PinView(30.0, 640))], now=5.0)
-    assert memory.get("p") == Last("a", 5.0, 640)
-    memory.observe([_r("a", p=PinView(30.0, 640))], now=40.0)  # expired: not refreshed
-    assert memory.get("p") == Last("a", 5.0, 640)
+    pinned = _r("a", at=4.0, p=PinView(30.0, 640))
+    memory.observe(pinned, now=5.0)  # known alive until its expiry: no decay before
+    assert memory.get("p") == Last("a", 30.0, 640)
+    memory.observe(_r("a", at=12.0), now=13.0, before=pinned)  # gone from a's next stats
+    assert memory.get("p") == Last("a", 12.0, 640)
+    memory.observe(_r("a", p=PinView(30.0, 640)), now=40.0)  # expired: not refreshed
+    assert memory.get("p") == Last("a", 12.0, 640)
     memory.routed("q", "b", now=6.0)
     memory.routed("r", "b", now=7.0)
     assert memory.get("p") is None
@@ -183,7 +186,7 @@ def test_the_memory_follows_pins_and_routes_and_is_bounded() -> None:
 def test_the_memory_adds_the_routes_made_since_a_replicas_stats() -> None:
     memory = Memory()
     a = _r("a", queued=100, ahead=50, bound=1, at=10.0, p=PinView(60.0, 500, ahead_tokens=0))
-    memory.observe([a], now=10.0)  # p last ran on a (its pin)
+    memory.observe(a, now=10.0)  # p last ran on a (its pin)
     memory.routed("p", "a", now=11.0, tokens=700)  # p's return: no new program bound
     memory.routed("n", "a", now=12.0, tokens=300)  # a new program
     memory.routed("m", "b", now=12.5, tokens=900)  # elsewhere
