@@ -298,23 +298,28 @@ class Memory:
         """The views with the routes made since each was taken (its ``at``) added: a
         program new there is bound, a request waits, its prompt is work ahead of a turn that
         holds no pin there (a pinned return goes ahead of it under ``cachettl``'s order)."""
+        views = list(replicas)
+        taken = {r.replica_id: r.at for r in views if r.at is not None}
+        oldest = min(taken.values(), default=math.inf)
+        mine: dict[str, list[_Routed]] = {}
+        for x in reversed(self._routes):  # newest first, once, down to the oldest stats
+            if x.at <= oldest:
+                break
+            at = taken.get(x.replica_id)
+            if at is not None and x.at > at:
+                mine.setdefault(x.replica_id, []).append(x)
         out = []
-        for r in replicas:
-            mine = []
-            for x in reversed(self._routes):  # newest first, in routing order
-                if r.at is None or x.at <= r.at:
-                    break
-                if x.replica_id == r.replica_id:
-                    mine.append(x)
-            if not mine:
+        for r in views:
+            routed = mine.get(r.replica_id) if r.at is not None else None
+            if not routed:
                 out.append(r)
                 continue
-            tokens = sum(x.tokens for x in mine)
+            tokens = sum(x.tokens for x in routed)
             out.append(
                 dataclasses.replace(
                     r,
-                    waiting=r.waiting + len(mine),
-                    bound=r.bound + sum(x.new_here for x in mine),
+                    waiting=r.waiting + len(routed),
+                    bound=r.bound + sum(x.new_here for x in routed),
                     queued_tokens=r.queued_tokens + tokens,
                     ahead_tokens=None if r.ahead_tokens is None else r.ahead_tokens + tokens,
                 )

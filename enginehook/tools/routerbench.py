@@ -6,7 +6,9 @@ This measures, in one run and on the same stats, the decision on stats it has re
 (``decide``: most requests, between two polls of the replicas) and the decision that first
 reads a new mapping from every replica (``read``: what a poll costs, once per
 ``request_routing_stats_period_s``; before stats were read once, every decision cost this).
-Half the decisions are for programs holding a pin somewhere, half for new programs. The
+Half the decisions are for programs holding a pin somewhere, half for new programs; each
+is followed by the router's record of the route (as Ray's ``on_request_routed``), and all
+of them come after the stats were taken, so every decision adds the routes since. The
 stats are those :func:`~enginehook.routing.rule.replica_stats` publishes, with pins of
 random expiry, size and queue position.
 
@@ -111,11 +113,13 @@ def run_router_bench(
                 else f"new{k}"
             )
             start = time.perf_counter()
-            router.decide(list(zip(ids, published, strict=True)), program, _NOW + 0.5)
+            chosen = router.decide(list(zip(ids, published, strict=True)), program, _NOW + 0.5)
+            router.routed(program, chosen.ranked[0], _NOW + 0.5, tokens=4_000)
             decide.append(time.perf_counter() - start)
             published, spare = spare, published  # every replica publishes anew
             start = time.perf_counter()
-            router.decide(list(zip(ids, published, strict=True)), program, _NOW + 0.5)
+            chosen = router.decide(list(zip(ids, published, strict=True)), program, _NOW + 0.5)
+            router.routed(program, chosen.ranked[0], _NOW + 0.5, tokens=4_000)
             read.append(time.perf_counter() - start)
         (d50, d90), (r50, r90) = _ms(decide), _ms(read)
         rows.append(RouterBenchRow(count, count * pins_per_replica, d50, d90, r50, r90))
