@@ -198,6 +198,11 @@ def test_the_memory_adds_the_routes_made_since_a_replicas_stats() -> None:
     assert memory.current([_r("a", at=None)]) == [_r("a", at=None)]
     assert memory.current([_r("a", at=20.0)]) == [_r("a", at=20.0)]
     assert memory.current([_r("a", at=10.0)])[0].ahead_tokens is None  # no queue view
+    # each replica counts the routes since its own stats
+    memory.routed("k", "b", now=13.0, tokens=50)
+    now_a, now_b = memory.current([_r("a", at=11.5), _r("b", at=12.0)])
+    assert (now_a.waiting, now_a.queued_tokens) == (1, 300)  # n at 12.0; p at 11.0 was seen
+    assert (now_b.waiting, now_b.queued_tokens) == (2, 950)  # m at 12.5 and k at 13.0
 
 
 class _Fixed:
