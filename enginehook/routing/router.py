@@ -23,7 +23,15 @@ from typing import Any
 
 from enginehook.core.config import read_token
 from enginehook.routing.drops import PinDrops
-from enginehook.routing.rule import STATS_KEY, Memory, ReplicaView, Route, route, view_of
+from enginehook.routing.rule import (
+    MAX_REPLICAS,
+    STATS_KEY,
+    Memory,
+    ReplicaView,
+    Route,
+    route,
+    view_of,
+)
 
 __all__ = ["KWARGS", "TtlRouter"]
 
@@ -36,8 +44,6 @@ KWARGS: Mapping[str, Any] = {
 }
 #: Decisions kept for :attr:`TtlRouter.decisions`.
 DECISIONS_KEPT = 256
-#: Replicas whose latest view is kept (more: the one read longest ago is dropped).
-MAX_REPLICAS = 4_096
 
 
 class TtlRouter:

@@ -56,8 +56,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from bisect import bisect_left
-from collections import OrderedDict, deque
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -66,6 +66,7 @@ from enginehook.core.lifecycle import PinController
 from enginehook.routing.drops import check_endpoint
 
 __all__ = [
+    "MAX_REPLICAS",
     "STATS_KEY",
     "Last",
     "Memory",
@@ -82,8 +83,11 @@ __all__ = [
 STATS_KEY = "cachettl"
 #: Programs a :class:`Memory` keeps (the least recently seen go first).
 MAX_PROGRAMS = 65_536
-#: Routes a :class:`Memory` keeps to catch stale stats up (the oldest go first).
+#: Routes a :class:`Memory` keeps per replica to catch stale stats up (at least this many
+#: of the newest).
 MAX_ROUTES = 4_096
+#: Replicas a router keeps anything of (the one heard of longest ago goes first).
+MAX_REPLICAS = 4_096
 #: The request id of a turn that arrives now, after every queued one of its class.
 _LAST_RID = "\U0010ffff"
 
@@ -234,11 +238,36 @@ def _pinned(
     return Route(ranked, "escape", drop_from=holder.replica_id)
 
 
-class _Routed(NamedTuple):
-    at: float
-    replica_id: str
-    new_here: bool  # the program was not bound there before
-    tokens: int
+class _Routes:
+    """One replica's routes, oldest first, as running totals (requests, programs new
+    there, prompt tokens), so that the routes since any time are two lookups: a
+    decision costs the same however many routes were made since a replica's stats."""
+
+    __slots__ = ("at", "forgotten", "totals")
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+        self.totals: list[tuple[int, int, int]] = []  # up to and including each route
+        self.forgotten = (0, 0, 0)  # the totals of the routes dropped past the bound
+
+    def add(self, at: float, new_here: bool, tokens: int, keep: int) -> None:
+        requests, new, held = self.totals[-1] if self.totals else self.forgotten
+        self.at.append(at)
+        self.totals.append((requests + 1, new + new_here, held + tokens))
+        if len(self.at) > 2 * keep:  # forget the oldest half: O(1) a route, amortized
+            cut = len(self.at) - keep
+            self.forgotten = self.totals[cut - 1]
+            del self.at[:cut], self.totals[:cut]
+
+    def since(self, at: float) -> tuple[int, int, int]:
+        """Requests, programs new there and prompt tokens routed after ``at`` (of those
+        kept)."""
+        i = bisect_right(self.at, at)
+        if i == len(self.at):
+            return 0, 0, 0
+        before = self.totals[i - 1] if i else self.forgotten
+        last = self.totals[-1]
+        return last[0] - before[0], last[1] - before[1], last[2] - before[2]
 
 
 class Memory:
@@ -253,7 +282,7 @@ class Memory:
         self.max_programs = max_programs
         self.max_routes = max_routes
         self._last: OrderedDict[str, Last] = OrderedDict()
-        self._routes: deque[_Routed] = deque(maxlen=max_routes)
+        self._routes: OrderedDict[str, _Routes] = OrderedDict()  # by replica, newest last
 
     def get(self, program: str | None) -> Last | None:
         return self._last.get(program) if program is not None else None
@@ -288,7 +317,11 @@ class Memory:
         what it had (its last known context, or ``tokens``, whichever is larger)."""
         before = self._last.get(program) if program is not None else None
         new_here = program is not None and (before is None or before.replica_id != replica_id)
-        self._routes.append(_Routed(now, replica_id, new_here, max(0, tokens)))
+        routes = self._routes.pop(replica_id, None) or _Routes()
+        self._routes[replica_id] = routes
+        if len(self._routes) > MAX_REPLICAS:  # replicas long gone
+            self._routes.popitem(last=False)
+        routes.add(now, new_here, max(0, tokens), self.max_routes)
         if program is None:
             return
         kept = before.tokens if before is not None else 0
@@ -298,28 +331,21 @@ class Memory:
         """The views with the routes made since each was taken (its ``at``) added: a
         program new there is bound, a request waits, its prompt is work ahead of a turn that
         holds no pin there (a pinned return goes ahead of it under ``cachettl``'s order)."""
-        views = list(replicas)
-        taken = {r.replica_id: r.at for r in views if r.at is not None}
-        oldest = min(taken.values(), default=math.inf)
-        mine: dict[str, list[_Routed]] = {}
-        for x in reversed(self._routes):  # newest first, once, down to the oldest stats
-            if x.at <= oldest:
-                break
-            at = taken.get(x.replica_id)
-            if at is not None and x.at > at:
-                mine.setdefault(x.replica_id, []).append(x)
         out = []
-        for r in views:
-            routed = mine.get(r.replica_id) if r.at is not None else None
-            if not routed:
+        for r in replicas:
+            routes = self._routes.get(r.replica_id)
+            if routes is None or r.at is None:
                 out.append(r)
                 continue
-            tokens = sum(x.tokens for x in routed)
+            requests, new, tokens = routes.since(r.at)
+            if not requests:
+                out.append(r)
+                continue
             out.append(
                 dataclasses.replace(
                     r,
-                    waiting=r.waiting + len(routed),
-                    bound=r.bound + sum(x.new_here for x in routed),
+                    waiting=r.waiting + requests,
+                    bound=r.bound + new,
                     queued_tokens=r.queued_tokens + tokens,
                     ahead_tokens=None if r.ahead_tokens is None else r.ahead_tokens + tokens,
                 )

@@ -205,6 +205,17 @@ def test_the_memory_adds_the_routes_made_since_a_replicas_stats() -> None:
     assert (now_b.waiting, now_b.queued_tokens) == (2, 950)  # m at 12.5 and k at 13.0
 
 
+def test_the_memory_keeps_at_least_the_newest_routes_of_each_replica() -> None:
+    memory = Memory(max_routes=3)
+    for t in range(1, 11):
+        memory.routed(f"p{t}", "a", now=float(t), tokens=10)
+    (recent,) = memory.current([_r("a", at=7.5)])
+    assert (recent.waiting, recent.bound, recent.queued_tokens) == (3, 3, 30)
+    (stale,) = memory.current([_r("a", at=0.0)])
+    assert 3 <= stale.waiting <= 6  # the oldest are forgotten, never the 3 newest
+    assert stale.queued_tokens == 10 * stale.waiting
+
+
 class _Fixed:
     def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
         return Decision(30.0, 0.9, 1.0, "fixed", 2.0)
