@@ -128,13 +128,18 @@ class TtlRouter:
 
     def _view(self, replica_id: str, stats: Mapping[str, Any] | None, now: float) -> ReplicaView:
         """The replica's view, read from ``stats`` once: while a replica publishes the same
-        mapping with the same ``at`` its view is kept, so a decision costs nothing per
-        published pin (Ray hands each poll's stats over as a new mapping; a host that
-        updates one mapping in place must change its ``at``)."""
+        stats its view is kept, so a decision costs nothing per published pin. The same
+        stats are the same mapping with the same ``at`` (a host that updates one mapping in
+        place must change its ``at``), or an equal mapping: Ray hands every replica's stats
+        over anew at each broadcast, changed or not, and comparing them costs far less than
+        reading them."""
         stamp = _stamp(stats)
         held = self._views.get(replica_id)
-        if held is not None and held[0] is stats and held[1] == stamp:
-            return held[2]
+        if held is not None:
+            kept, kept_stamp, kept_view = held
+            if (kept_stamp == stamp) if kept is stats else (kept == stats):
+                self._views[replica_id] = (stats, stamp, kept_view)
+                return kept_view
         view = view_of(replica_id, stats, self.prefill_tokens_per_s)
         self.memory.observe(view, now, before=held[2] if held is not None else None)
         self._views.pop(replica_id, None)

@@ -10,10 +10,12 @@ comes from the router's token file; a hook that forbids, does not pin, refuses t
 connection, or never answers is counted by kind while routing answers at once; a full queue
 is counted, not waited on; a drop that found its holder unreachable is told again at the
 pin's next escape; bad endpoints, token files and settings are named. The router reads each
-replica's published stats once (a new mapping, or the same one with a new ``at``)."""
+replica's published stats once (a mapping equal to the last is not read again; the same
+mapping is, with a new ``at``)."""
 
 from __future__ import annotations
 
+import copy
 import socket
 import threading
 import time
@@ -316,6 +318,9 @@ def test_the_router_reads_each_published_stats_once() -> None:
     assert router.memory.get("s1") == Last("a", 31.0, 160)  # alive until its expiry
     router.routed("s1", "b", now=NOW)
     router.decide(replicas, "x", now=NOW + 1)  # the same stats: not read again
+    assert router.memory.get("s1") == Last("b", NOW, 160)
+    copied = [("a", copy.deepcopy(stats)), ("b", _idle())]  # equal stats, handed over anew
+    router.decide(copied, "x", now=NOW + 1)
     assert router.memory.get("s1") == Last("b", NOW, 160)
     stats["cachettl"]["at"] = NOW + 1  # updated in place, with its time: read again
     router.decide(replicas, "x", now=NOW + 1)

@@ -19,6 +19,7 @@ def test_the_bench_prints_a_row_per_replica_count(capsys: pytest.CaptureFixture[
     assert [(r["replicas"], r["pins"]) for r in rows] == [(2, 10), (3, 15)]
     for r in rows:
         assert 0 < r["decide_ms"] <= r["decide_p90_ms"]
+        assert 0 < r["copied_ms"] <= r["copied_p90_ms"]
         assert 0 < r["read_ms"] <= r["read_p90_ms"]
     table = format_rows(run_router_bench([2], pins_per_replica=5, decisions=4))
     assert table.splitlines()[2].startswith("| 2 | 10 | ")
