@@ -213,8 +213,20 @@ def _moved_pins_released(
     released = cluster.metric(engine, MOVED) - before
     held = cluster.metric(engine, "cachettl_pins_held")
     raise AssertionError(
-        f"{engine.name}: {released} of {moved} pins released as moved, {held} held"
+        f"{engine.name}: {released} of {moved} pins released as moved, {held} held; "
+        f"what the engines and control planes logged of coherence: {_coherence_lines(cluster)}"
     )
+
+
+def _coherence_lines(cluster: Cluster) -> list[str]:
+    """The lines of the cluster's engine and control-plane logs about pin coherence (the
+    logs live in the test's temporary folder, gone after a CI run)."""
+    lines = []
+    for log in sorted(cluster.work.glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "coherence" in line or "moves between replicas" in line:
+                lines.append(f"{log.name}: {line[-300:]}")
+    return lines[-40:]
 
 
 @pytest.mark.parametrize("policy", ["consistent_hash", "sticky_least_loaded"])
