@@ -20,6 +20,7 @@ connection was down (it reconnects with backoff).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -33,11 +34,13 @@ from controlplane.coherence import ProgramLocations
 from controlplane.errors import InvalidInputError
 from controlplane.records import LIMITS, Move, Tenant
 from controlplane.service import ControlPlane
-from controlplane.storage.locations import SharedLocations, shared_locations
+from controlplane.storage.locations import RETRY_FIRST_S, SharedLocations, shared_locations
 from controlplane.validation import check_known, check_name, timestamp_s
 from controlplane.wire import timestamp
 
 __all__ = ["WATCH_QUEUE", "CoherenceHub", "CoherenceMethods", "arrivals"]
+
+log = logging.getLogger(__name__)
 
 #: Moves queued per watching stream before the oldest are dropped.
 WATCH_QUEUE = 10_000
@@ -130,11 +133,18 @@ class CoherenceHub:
                 self.moves_sent += 1
 
     async def _listen(self) -> None:
-        """Tell the watchers here the moves other replicas publish."""
+        """Tell the watchers here the moves other replicas publish, for as long as any
+        watches: a listener that fails for any reason (a lost connection is handled inside
+        :meth:`SharedLocations.listen`) is logged and started again, never left dead."""
         assert self.shared is not None
-        async for published in self.shared.listen():
-            if published.replica != self.replica:
-                self.tell(published.tenant, published.moves)
+        while True:
+            try:
+                async for published in self.shared.listen():
+                    if published.replica != self.replica:
+                        self.tell(published.tenant, published.moves)
+            except Exception:
+                log.exception("moves between replicas: the listener failed; starting it again")
+            await asyncio.sleep(RETRY_FIRST_S)
 
     async def watch(self, tenant: str, engine: str) -> AsyncIterator[WatchMovesResponse]:
         """The moves away from ``engine``, as they happen, until the caller stops."""

@@ -1,8 +1,9 @@
 """Pin coherence behind two replicas on one PostgreSQL schema: a move reported through one
 replica reaches the watchers of the engine left on both, once each; a return to the same
 engine, a refused report and a forgotten program tell nothing; the locations table stays
-bounded, a full batch of the longest ids fits the notification limit, and a lost listening
-connection is re-established (logged once)."""
+bounded, a full batch of the longest ids fits the notification limit, a lost listening
+connection is re-established (logged once), and a listener that fails otherwise is logged and
+started again."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import contextlib
 import logging
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +21,12 @@ import grpc
 import pytest
 from sqlalchemy import create_engine, text
 
+from controlplane.records import Move
 from controlplane.rpc.client import ControlPlaneClient
+from controlplane.rpc.coherence import CoherenceHub
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
-from controlplane.storage.locations import SharedLocations, channel_of
+from controlplane.storage.locations import Published, SharedLocations, channel_of
 from controlplane.storage.sql import SqlStore
 
 from .conftest import pg_url
@@ -297,3 +300,37 @@ def test_replicas_of_another_schema_hear_nothing(
             settle(watcher, other.b.client, "marker")
         finally:
             watcher.close()
+
+
+class _FailsOnce(SharedLocations):
+    """Shared locations whose first listener fails with an error nobody planned for; the
+    second hears one move from another replica."""
+
+    def __init__(self) -> None:  # no database: only ``listen`` is used
+        self.listens = 0
+
+    async def listen(self) -> AsyncIterator[Published]:
+        self.listens += 1
+        if self.listens == 1:
+            raise RuntimeError("a listener bug")
+        yield Published("other", "acme", (Move("p1", "engine-a", "engine-b", 5.0),))
+        await asyncio.sleep(3600)
+
+
+def test_a_listener_that_fails_unexpectedly_is_logged_and_started_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    shared = _FailsOnce()
+    hub = CoherenceHub(shared=shared, replica="here")
+    caplog.set_level(logging.ERROR, logger="controlplane.rpc.coherence")
+
+    async def first_move() -> Any:
+        # asyncio.run closes the stream and cancels the listener when this returns
+        return await asyncio.wait_for(anext(hub.watch("acme", "engine-a")), WAIT_S)
+
+    moved = asyncio.run(first_move())
+    assert (moved.program_id, moved.to_engine_id) == ("p1", "engine-b")
+    assert shared.listens == 2
+    failed = [r for r in caplog.records if "the listener failed" in r.getMessage()]
+    assert len(failed) == 1
+    assert "a listener bug" in (failed[0].exc_text or "")
