@@ -100,9 +100,19 @@ def run_router_bench(
         raise ValueError(
             f"--pins must be >= 0 and --decisions >= 2, got {pins_per_replica}, {decisions}"
         )
-    rng = random.Random(seed)
     # escaped pins of stats that publish no endpoint are counted: nothing to warn about here
-    logging.getLogger("enginehook.routing.drops").setLevel(logging.ERROR)
+    drops_log = logging.getLogger("enginehook.routing.drops")
+    level = drops_log.level
+    drops_log.setLevel(logging.ERROR)
+    try:
+        return _measure(replica_counts, pins_per_replica, decisions, random.Random(seed))
+    finally:
+        drops_log.setLevel(level)
+
+
+def _measure(
+    replica_counts: Sequence[int], pins_per_replica: int, decisions: int, rng: random.Random
+) -> list[RouterBenchRow]:
     rows = []
     for count in replica_counts:
         ids = [f"r{r}" for r in range(count)]
