@@ -290,7 +290,7 @@ class SchedulingRules:
         },
     )
     first_turn_over_pins: bool = field(
-        default=False,
+        default=True,
         metadata={
             "help": "the program ordering places every new program's first turn ahead of "
             "every returning turn, those holding a live pin included (only preempted work "
