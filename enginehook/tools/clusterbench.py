@@ -32,9 +32,9 @@ __all__ = ["CLUSTER_SETTINGS", "RealClusterConfig", "run_real_cluster"]
 
 _VOCAB = (9, 2000)  # the tiny tokenizer's plain-word ids, as the engine bench draws them
 
-#: The hook settings enginehook/README.md ("Cluster") tells engines behind a router to set, on
-#: top of the engine bench's: new programs' first turns ahead of pinned returning turns.
-CLUSTER_SETTINGS: dict[str, Any] = {"first_turn_over_pins": True}
+#: Hook settings engines behind a router need on top of the engine bench's: none, the engine's
+#: defaults already put new programs' first turns ahead of pinned returning turns.
+CLUSTER_SETTINGS: dict[str, Any] = {}
 
 
 @dataclass
@@ -51,7 +51,7 @@ class RealClusterConfig:
     work: str = ""
     model_dir: str = ""
     #: Hook settings on top of the engine bench's (``additional_config.cachettl`` keys): by
-    #: default the ones recommended behind a router (:data:`CLUSTER_SETTINGS`).
+    #: default none beyond the engine's defaults (:data:`CLUSTER_SETTINGS`).
     hook_settings: dict[str, Any] = field(default_factory=lambda: dict(CLUSTER_SETTINGS))
 
 

@@ -79,9 +79,8 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--real-hook",
         default="{}",
         metavar="JSON",
-        help="--real: hook settings on top of the bench's and of the ones recommended "
-        'behind a router, {"first_turn_over_pins": true} (a JSON object of '
-        "additional_config.cachettl keys)",
+        help="--real: hook settings on top of the bench's and the engine's defaults "
+        '(a JSON object of additional_config.cachettl keys, e.g. {"first_turn_over_pins": false})',
     )
     p.set_defaults(handler=_cluster)
 

@@ -1,11 +1,13 @@
 """``cachettl bench cluster --real``'s report: the hook settings it ran under are named, and
-by default they are the ones recommended behind a router (the bench itself runs engines and
-a router for minutes, so it is a command, not a test)."""
+by default the hook engines run the engine's own rules, which are safe behind a router (the
+bench itself runs engines and a router for minutes, so it is a command, not a test)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
+from enginehook.core.config import HookConfig
+from enginehook.tools.bench import hook_settings
 from enginehook.tools.clusterbench import CLUSTER_SETTINGS, RealClusterConfig, markdown
 
 
@@ -22,10 +24,15 @@ def _report(config: RealClusterConfig) -> dict[str, object]:
     return {"config": asdict(config), "policies": {"cache_aware": figures}}
 
 
-def test_the_report_names_the_hook_settings_recommended_behind_a_router() -> None:
-    text = markdown(_report(RealClusterConfig(runs=1)))
-    assert CLUSTER_SETTINGS == {"first_turn_over_pins": True}
-    assert 'hook settings on top of the engine bench\'s: `{"first_turn_over_pins": true}`' in text
+def test_by_default_the_hook_engines_put_new_programs_ahead_of_pins() -> None:
+    """Behind a router a new session must not wait behind pinned returning turns: the bench's
+    hook engines get that from the engine's defaults, with no override of their own."""
+    config = RealClusterConfig(runs=1)
+    assert CLUSTER_SETTINGS == {} == config.hook_settings
+    engine = HookConfig.from_additional({"cachettl": {**hook_settings(config.trace)}})
+    assert engine.rules.first_turn_over_pins is True
+    text = markdown(_report(config))
+    assert "hook settings on top of the engine bench's: `{}`" in text
     assert "| cache_aware | 0 | 20.00 / 10.00 | 0.50 | 2.00 / 3.00 | 1.50 | 50% / 50% |" in text
 
 

@@ -268,7 +268,9 @@ def test_an_abandoned_program_is_forgotten_and_its_end_reported() -> None:
 
 def test_orderings_are_registered_and_priority_comes_first() -> None:
     assert {"fcfs", "program", "program-fcfs", "pinned-program", "plas"} <= set(ORDERINGS)
-    controller, _ = _controller(SchedulingRules(first_turn_head_start_s=0.0))  # the paper's
+    # The paper's order: no head start, and new programs do not go ahead of pins.
+    paper = SchedulingRules(first_turn_head_start_s=0.0, first_turn_over_pins=False)
+    controller, _ = _controller(paper)
     controller.arrived("old", 0.0, 0.0)
     controller.arrived("new", 5.0, 5.0)
     keys = {
@@ -284,6 +286,23 @@ def test_orderings_are_registered_and_priority_comes_first() -> None:
     controller.arrived("new", 5.0, 5.0)
     returning = controller.order_key(0, False, "old", 9.0, "old-2")
     assert controller.order_key(0, False, "new", 5.0, "new-1") < returning
+
+
+def test_by_default_a_new_program_goes_ahead_of_a_pinned_returning_turn() -> None:
+    """A new session never waits behind pinned returning turns (behind a router, sessions
+    of other engines' programs keep arriving); only with the flag off does a pin go first."""
+    for rules, new_first in (
+        (SchedulingRules(), True),
+        (SchedulingRules().replace(first_turn_over_pins=False), False),
+    ):
+        controller, _ = _controller(rules)
+        controller.arrived("old", 0.0, 0.0)
+        finish = controller.finished(FinishedTurn("old", "bash", "ls", 320), 1.0, lambda: (20, "h"))
+        assert finish.pinned
+        assert controller.pinned("old")
+        controller.arrived("new", 5.0, 5.0)
+        new = controller.order_key(0, False, "new", 5.0, "new-1")
+        assert (new < controller.order_key(0, False, "old", 9.0, "old-2")) is new_first
 
 
 def test_a_strategy_name_is_registered_once() -> None:
