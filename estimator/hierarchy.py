@@ -283,11 +283,40 @@ class DurationHierarchy(Estimator):
         for value in samples:
             model.update(value)
             count += 1
+        return self.install(
+            level, model, tool, signature, tenant, count if n_seen is None else n_seen
+        )
+
+    def install(
+        self,
+        level: Level,
+        model: DurationModel,
+        tool: str = "",
+        signature: str = "",
+        tenant: str = "default",
+        n_seen: int | None = None,
+    ) -> DurationModel:
+        """Put ``model`` (built elsewhere, e.g. from a snapshot's compact summary) in one
+        level's place. For ``Level.TENANT``, ``n_seen`` (default: the model's
+        ``n_seen``) becomes the tenant's total call count.
+
+        >>> h = DurationHierarchy(min_samples=1)
+        >>> m = DurationModel()
+        >>> m.update(0.5); m.update(0.7)
+        >>> _ = h.install(Level.TOOL, m, tool="bash")
+        >>> h.lookup("bash").model is m
+        True
+        """
+        if level is Level.INVOCATION and not signature:
+            raise ValueError("signature must be non-empty for Level.INVOCATION")
+        if level is not Level.TENANT and not tool:
+            raise ValueError(f"tool must be a non-empty string for {level!r}")
+        key = _key(level, tool, signature, tenant)
         if key not in self._models:
             self._count_new(key)
         self._models[key] = model
         if level is Level.TENANT:
-            self._tenant_totals[tenant] = count if n_seen is None else n_seen
+            self._tenant_totals[tenant] = model.n_seen if n_seen is None else n_seen
         return model
 
     def model(
