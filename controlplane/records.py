@@ -72,6 +72,10 @@ class PinOutcome(IntEnum):
     RELEASED_UNDER_PRESSURE = 3
     #: The policy chose not to pin (TTL 0), or the pin was refused.
     NOT_PINNED = 4
+    #: The program's next turn arrived at another engine; this engine released the pin when
+    #: the control plane told it (pin coherence). Neither a hit nor a waste of the TTL: the
+    #: router, not the policy, decided where the program went.
+    MOVED = 5
 
     @property
     def label(self) -> str:

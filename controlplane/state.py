@@ -45,6 +45,8 @@ class PinCounts:
     expired: int = 0
     released_under_pressure: int = 0
     not_pinned: int = 0
+    #: Pins released because the program's next turn went to another engine.
+    moved: int = 0
 
     def add(self, outcome: PinOutcome) -> None:
         if outcome is PinOutcome.HIT:
@@ -55,10 +57,13 @@ class PinCounts:
             self.released_under_pressure += 1
         elif outcome is PinOutcome.NOT_PINNED:
             self.not_pinned += 1
+        elif outcome is PinOutcome.MOVED:
+            self.moved += 1
 
     @property
     def hit_rate(self) -> float:
-        """hits / pins (pins = hits + expired + released); 0.0 without pins."""
+        """hits / pins (pins = hits + expired + released); 0.0 without pins. A moved pin
+        is left out: where the program went was the router's choice, not the TTL's."""
         pins = self.hits + self.expired + self.released_under_pressure
         return self.hits / pins if pins else 0.0
 

@@ -132,6 +132,7 @@ def _pins(p: PinCounts) -> inspect_pb2.PinStats:
         released_under_pressure=p.released_under_pressure,
         not_pinned=p.not_pinned,
         hit_rate=p.hit_rate,
+        moved=p.moved,
     )
 
 

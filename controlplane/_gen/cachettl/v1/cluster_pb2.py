@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63\x61\x63hettl/v1/cluster.proto\x12\x0b\x63\x61\x63hettl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"R\n\x15ReportArrivalsRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12&\n\x08\x61rrivals\x18\x02 \x03(\x0b\x32\x14.cachettl.v1.Arrival\"M\n\x07\x41rrival\x12\x12\n\nprogram_id\x18\x01 \x01(\t\x12.\n\narrived_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\'\n\x16ReportArrivalsResponse\x12\r\n\x05moved\x18\x01 \x01(\r\"&\n\x11WatchMovesRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\"n\n\x12WatchMovesResponse\x12\x12\n\nprogram_id\x18\x01 \x01(\t\x12\x14\n\x0cto_engine_id\x18\x02 \x01(\t\x12.\n\narrived_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xc1\x01\n\x13PinCoherenceService\x12Y\n\x0eReportArrivals\x12\".cachettl.v1.ReportArrivalsRequest\x1a#.cachettl.v1.ReportArrivalsResponse\x12O\n\nWatchMoves\x12\x1e.cachettl.v1.WatchMovesRequest\x1a\x1f.cachettl.v1.WatchMovesResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63\x61\x63hettl/v1/cluster.proto\x12\x0b\x63\x61\x63hettl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"R\n\x15ReportArrivalsRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12&\n\x08\x61rrivals\x18\x02 \x03(\x0b\x32\x14.cachettl.v1.Arrival\"M\n\x07\x41rrival\x12\x12\n\nprogram_id\x18\x01 \x01(\t\x12.\n\narrived_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"g\n\x16ReportArrivalsResponse\x12\r\n\x05moved\x18\x01 \x01(\r\x12\x0f\n\x07refused\x18\x02 \x01(\r\x12-\n\x08refusals\x18\x03 \x03(\x0b\x32\x1b.cachettl.v1.RefusedArrival\"/\n\x0eRefusedArrival\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\"&\n\x11WatchMovesRequest\x12\x11\n\tengine_id\x18\x01 \x01(\t\"n\n\x12WatchMovesResponse\x12\x12\n\nprogram_id\x18\x01 \x01(\t\x12\x14\n\x0cto_engine_id\x18\x02 \x01(\t\x12.\n\narrived_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xc1\x01\n\x13PinCoherenceService\x12Y\n\x0eReportArrivals\x12\".cachettl.v1.ReportArrivalsRequest\x1a#.cachettl.v1.ReportArrivalsResponse\x12O\n\nWatchMoves\x12\x1e.cachettl.v1.WatchMovesRequest\x1a\x1f.cachettl.v1.WatchMovesResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,11 +37,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ARRIVAL']._serialized_start=159
   _globals['_ARRIVAL']._serialized_end=236
   _globals['_REPORTARRIVALSRESPONSE']._serialized_start=238
-  _globals['_REPORTARRIVALSRESPONSE']._serialized_end=277
-  _globals['_WATCHMOVESREQUEST']._serialized_start=279
-  _globals['_WATCHMOVESREQUEST']._serialized_end=317
-  _globals['_WATCHMOVESRESPONSE']._serialized_start=319
-  _globals['_WATCHMOVESRESPONSE']._serialized_end=429
-  _globals['_PINCOHERENCESERVICE']._serialized_start=432
-  _globals['_PINCOHERENCESERVICE']._serialized_end=625
+  _globals['_REPORTARRIVALSRESPONSE']._serialized_end=341
+  _globals['_REFUSEDARRIVAL']._serialized_start=343
+  _globals['_REFUSEDARRIVAL']._serialized_end=390
+  _globals['_WATCHMOVESREQUEST']._serialized_start=392
+  _globals['_WATCHMOVESREQUEST']._serialized_end=430
+  _globals['_WATCHMOVESRESPONSE']._serialized_start=432
+  _globals['_WATCHMOVESRESPONSE']._serialized_end=542
+  _globals['_PINCOHERENCESERVICE']._serialized_start=545
+  _globals['_PINCOHERENCESERVICE']._serialized_end=738
 # @@protoc_insertion_point(module_scope)

@@ -26,10 +26,22 @@ class Arrival(_message.Message):
     def __init__(self, program_id: _Optional[str] = ..., arrived_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ReportArrivalsResponse(_message.Message):
-    __slots__ = ("moved",)
+    __slots__ = ("moved", "refused", "refusals")
     MOVED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
     moved: int
-    def __init__(self, moved: _Optional[int] = ...) -> None: ...
+    refused: int
+    refusals: _containers.RepeatedCompositeFieldContainer[RefusedArrival]
+    def __init__(self, moved: _Optional[int] = ..., refused: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[RefusedArrival, _Mapping]]] = ...) -> None: ...
+
+class RefusedArrival(_message.Message):
+    __slots__ = ("index", "reason")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    reason: str
+    def __init__(self, index: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WatchMovesRequest(_message.Message):
     __slots__ = ("engine_id",)

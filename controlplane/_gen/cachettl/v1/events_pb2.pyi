@@ -18,6 +18,7 @@ class PinOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PIN_OUTCOME_EXPIRED: _ClassVar[PinOutcome]
     PIN_OUTCOME_RELEASED_UNDER_PRESSURE: _ClassVar[PinOutcome]
     PIN_OUTCOME_NOT_PINNED: _ClassVar[PinOutcome]
+    PIN_OUTCOME_MOVED: _ClassVar[PinOutcome]
 
 class MissReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -42,6 +43,7 @@ PIN_OUTCOME_HIT: PinOutcome
 PIN_OUTCOME_EXPIRED: PinOutcome
 PIN_OUTCOME_RELEASED_UNDER_PRESSURE: PinOutcome
 PIN_OUTCOME_NOT_PINNED: PinOutcome
+PIN_OUTCOME_MOVED: PinOutcome
 MISS_REASON_UNSPECIFIED: MissReason
 MISS_REASON_HIT: MissReason
 MISS_REASON_PREFIX_CACHE: MissReason

@@ -27,7 +27,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63\x61\x63hettl/v1/inspect.proto\x12\x0b\x63\x61\x63hettl.v1\x1a\x18\x63\x61\x63hettl/v1/events.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n\x10ListToolsRequest\"p\n\x08PinStats\x12\x0c\n\x04hits\x18\x01 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x02 \x01(\x04\x12\x1f\n\x17released_under_pressure\x18\x03 \x01(\x04\x12\x12\n\nnot_pinned\x18\x04 \x01(\x04\x12\x10\n\x08hit_rate\x18\x05 \x01(\x01\"\x90\x02\n\x0bToolSummary\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x14\n\x0csample_count\x18\x02 \x01(\x04\x12\x12\n\nseen_count\x18\x03 \x01(\x04\x12&\n\x03p50\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03p90\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03p99\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x64rift_epoch\x18\x07 \x01(\r\x12\x12\n\nsignatures\x18\x08 \x03(\t\x12#\n\x04pins\x18\t \x01(\x0b\x32\x15.cachettl.v1.PinStats\"S\n\x11ListToolsResponse\x12\'\n\x05tools\x18\x01 \x03(\x0b\x32\x18.cachettl.v1.ToolSummary\x12\x15\n\rmodel_version\x18\x02 \x01(\x04\"V\n\x1aGetToolDistributionRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\ttool_args\x18\x02 \x01(\t\x12\x12\n\ncdf_points\x18\x03 \x01(\r\"?\n\x08Quantile\x12\t\n\x01q\x18\x01 \x01(\x01\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"L\n\x08\x43\x64\x66Point\x12+\n\x08\x64uration\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bprobability\x18\x02 \x01(\x01\"\xc3\x02\n\x1bGetToolDistributionResponse\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\x12\r\n\x05\x62\x61sis\x18\x03 \x01(\t\x12\x14\n\x0csample_count\x18\x04 \x01(\x04\x12\x12\n\nseen_count\x18\x05 \x01(\x04\x12\x13\n\x0b\x64rift_epoch\x18\x06 \x01(\r\x12(\n\tquantiles\x18\x07 \x03(\x0b\x32\x15.cachettl.v1.Quantile\x12\"\n\x03\x63\x64\x66\x18\x08 \x03(\x0b\x32\x15.cachettl.v1.CdfPoint\x12#\n\x04pins\x18\t \x01(\x0b\x32\x15.cachettl.v1.PinStats\x12\x15\n\rmodel_version\x18\n \x01(\x04\x12&\n\x06misses\x18\x0b \x01(\x0b\x32\x16.cachettl.v1.MissStats\"E\n\x0bReasonCount\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.cachettl.v1.MissReason\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\"\x84\x01\n\tMissStats\x12\x11\n\treturning\x18\x01 \x01(\x04\x12\x0e\n\x06missed\x18\x02 \x01(\x04\x12)\n\x07reasons\x18\x03 \x03(\x0b\x32\x18.cachettl.v1.ReasonCount\x12)\n\nexpired_by\x18\x04 \x03(\x0b\x32\x15.cachettl.v1.Quantile\"r\n\x11ListMissesRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x12\n\nprogram_id\x18\x02 \x01(\t\x12\'\n\x06reason\x18\x03 \x01(\x0e\x32\x17.cachettl.v1.MissReason\x12\r\n\x05limit\x18\x04 \x01(\r\"\x85\x04\n\nMissedTurn\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nprogram_id\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x12\n\nturn_index\x18\x04 \x01(\r\x12/\n\x0b\x66inished_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06reason\x18\x06 \x01(\x0e\x32\x17.cachettl.v1.MissReason\x12\x35\n\x10not_pinned_cause\x18\x07 \x01(\x0e\x32\x1b.cachettl.v1.NotPinnedCause\x12-\n\nchosen_ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x08\x64uration\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nexpired_by\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x11\x64iverged_at_token\x18\x0b \x01(\x04H\x00\x88\x01\x01\x12\x17\n\nhit_tokens\x18\x0c \x01(\x04H\x01\x88\x01\x01\x12\x1c\n\x0freusable_tokens\x18\r \x01(\x04H\x02\x88\x01\x01\x42\x14\n\x12_diverged_at_tokenB\r\n\x0b_hit_tokensB\x12\n\x10_reusable_tokens\"e\n\x12ListMissesResponse\x12&\n\x05turns\x18\x01 \x03(\x0b\x32\x17.cachettl.v1.MissedTurn\x12\'\n\x07summary\x18\x02 \x01(\x0b\x32\x16.cachettl.v1.MissStats\"\x19\n\x17GetWorkloadStatsRequest\"\xd1\x01\n\x18GetWorkloadStatsResponse\x12\x0b\n\x03\x65ta\x18\x01 \x01(\x01\x12.\n\x0bqueue_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12programs_completed\x18\x03 \x01(\x04\x12\x1a\n\x12programs_in_window\x18\x04 \x01(\x04\x12\x12\n\ntool_calls\x18\x05 \x01(\x04\x12\x15\n\rqueue_samples\x18\x06 \x01(\x04\x12\x15\n\rmodel_version\x18\x07 \x01(\x04\x32\xf6\x02\n\x0eInspectService\x12J\n\tListTools\x12\x1d.cachettl.v1.ListToolsRequest\x1a\x1e.cachettl.v1.ListToolsResponse\x12h\n\x13GetToolDistribution\x12\'.cachettl.v1.GetToolDistributionRequest\x1a(.cachettl.v1.GetToolDistributionResponse\x12_\n\x10GetWorkloadStats\x12$.cachettl.v1.GetWorkloadStatsRequest\x1a%.cachettl.v1.GetWorkloadStatsResponse\x12M\n\nListMisses\x12\x1e.cachettl.v1.ListMissesRequest\x1a\x1f.cachettl.v1.ListMissesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63\x61\x63hettl/v1/inspect.proto\x12\x0b\x63\x61\x63hettl.v1\x1a\x18\x63\x61\x63hettl/v1/events.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n\x10ListToolsRequest\"\x7f\n\x08PinStats\x12\x0c\n\x04hits\x18\x01 \x01(\x04\x12\x0f\n\x07\x65xpired\x18\x02 \x01(\x04\x12\x1f\n\x17released_under_pressure\x18\x03 \x01(\x04\x12\x12\n\nnot_pinned\x18\x04 \x01(\x04\x12\x10\n\x08hit_rate\x18\x05 \x01(\x01\x12\r\n\x05moved\x18\x06 \x01(\x04\"\x90\x02\n\x0bToolSummary\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x14\n\x0csample_count\x18\x02 \x01(\x04\x12\x12\n\nseen_count\x18\x03 \x01(\x04\x12&\n\x03p50\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03p90\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03p99\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x64rift_epoch\x18\x07 \x01(\r\x12\x12\n\nsignatures\x18\x08 \x03(\t\x12#\n\x04pins\x18\t \x01(\x0b\x32\x15.cachettl.v1.PinStats\"S\n\x11ListToolsResponse\x12\'\n\x05tools\x18\x01 \x03(\x0b\x32\x18.cachettl.v1.ToolSummary\x12\x15\n\rmodel_version\x18\x02 \x01(\x04\"V\n\x1aGetToolDistributionRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\ttool_args\x18\x02 \x01(\t\x12\x12\n\ncdf_points\x18\x03 \x01(\r\"?\n\x08Quantile\x12\t\n\x01q\x18\x01 \x01(\x01\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"L\n\x08\x43\x64\x66Point\x12+\n\x08\x64uration\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bprobability\x18\x02 \x01(\x01\"\xc3\x02\n\x1bGetToolDistributionResponse\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\x12\r\n\x05\x62\x61sis\x18\x03 \x01(\t\x12\x14\n\x0csample_count\x18\x04 \x01(\x04\x12\x12\n\nseen_count\x18\x05 \x01(\x04\x12\x13\n\x0b\x64rift_epoch\x18\x06 \x01(\r\x12(\n\tquantiles\x18\x07 \x03(\x0b\x32\x15.cachettl.v1.Quantile\x12\"\n\x03\x63\x64\x66\x18\x08 \x03(\x0b\x32\x15.cachettl.v1.CdfPoint\x12#\n\x04pins\x18\t \x01(\x0b\x32\x15.cachettl.v1.PinStats\x12\x15\n\rmodel_version\x18\n \x01(\x04\x12&\n\x06misses\x18\x0b \x01(\x0b\x32\x16.cachettl.v1.MissStats\"E\n\x0bReasonCount\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.cachettl.v1.MissReason\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\"\x84\x01\n\tMissStats\x12\x11\n\treturning\x18\x01 \x01(\x04\x12\x0e\n\x06missed\x18\x02 \x01(\x04\x12)\n\x07reasons\x18\x03 \x03(\x0b\x32\x18.cachettl.v1.ReasonCount\x12)\n\nexpired_by\x18\x04 \x03(\x0b\x32\x15.cachettl.v1.Quantile\"r\n\x11ListMissesRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x12\n\nprogram_id\x18\x02 \x01(\t\x12\'\n\x06reason\x18\x03 \x01(\x0e\x32\x17.cachettl.v1.MissReason\x12\r\n\x05limit\x18\x04 \x01(\r\"\x85\x04\n\nMissedTurn\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nprogram_id\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x12\n\nturn_index\x18\x04 \x01(\r\x12/\n\x0b\x66inished_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06reason\x18\x06 \x01(\x0e\x32\x17.cachettl.v1.MissReason\x12\x35\n\x10not_pinned_cause\x18\x07 \x01(\x0e\x32\x1b.cachettl.v1.NotPinnedCause\x12-\n\nchosen_ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x08\x64uration\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nexpired_by\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x11\x64iverged_at_token\x18\x0b \x01(\x04H\x00\x88\x01\x01\x12\x17\n\nhit_tokens\x18\x0c \x01(\x04H\x01\x88\x01\x01\x12\x1c\n\x0freusable_tokens\x18\r \x01(\x04H\x02\x88\x01\x01\x42\x14\n\x12_diverged_at_tokenB\r\n\x0b_hit_tokensB\x12\n\x10_reusable_tokens\"e\n\x12ListMissesResponse\x12&\n\x05turns\x18\x01 \x03(\x0b\x32\x17.cachettl.v1.MissedTurn\x12\'\n\x07summary\x18\x02 \x01(\x0b\x32\x16.cachettl.v1.MissStats\"\x19\n\x17GetWorkloadStatsRequest\"\xd1\x01\n\x18GetWorkloadStatsResponse\x12\x0b\n\x03\x65ta\x18\x01 \x01(\x01\x12.\n\x0bqueue_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1a\n\x12programs_completed\x18\x03 \x01(\x04\x12\x1a\n\x12programs_in_window\x18\x04 \x01(\x04\x12\x12\n\ntool_calls\x18\x05 \x01(\x04\x12\x15\n\rqueue_samples\x18\x06 \x01(\x04\x12\x15\n\rmodel_version\x18\x07 \x01(\x04\x32\xf6\x02\n\x0eInspectService\x12J\n\tListTools\x12\x1d.cachettl.v1.ListToolsRequest\x1a\x1e.cachettl.v1.ListToolsResponse\x12h\n\x13GetToolDistribution\x12\'.cachettl.v1.GetToolDistributionRequest\x1a(.cachettl.v1.GetToolDistributionResponse\x12_\n\x10GetWorkloadStats\x12$.cachettl.v1.GetWorkloadStatsRequest\x1a%.cachettl.v1.GetWorkloadStatsResponse\x12M\n\nListMisses\x12\x1e.cachettl.v1.ListMissesRequest\x1a\x1f.cachettl.v1.ListMissesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,33 +37,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTOOLSREQUEST']._serialized_start=133
   _globals['_LISTTOOLSREQUEST']._serialized_end=151
   _globals['_PINSTATS']._serialized_start=153
-  _globals['_PINSTATS']._serialized_end=265
-  _globals['_TOOLSUMMARY']._serialized_start=268
-  _globals['_TOOLSUMMARY']._serialized_end=540
-  _globals['_LISTTOOLSRESPONSE']._serialized_start=542
-  _globals['_LISTTOOLSRESPONSE']._serialized_end=625
-  _globals['_GETTOOLDISTRIBUTIONREQUEST']._serialized_start=627
-  _globals['_GETTOOLDISTRIBUTIONREQUEST']._serialized_end=713
-  _globals['_QUANTILE']._serialized_start=715
-  _globals['_QUANTILE']._serialized_end=778
-  _globals['_CDFPOINT']._serialized_start=780
-  _globals['_CDFPOINT']._serialized_end=856
-  _globals['_GETTOOLDISTRIBUTIONRESPONSE']._serialized_start=859
-  _globals['_GETTOOLDISTRIBUTIONRESPONSE']._serialized_end=1182
-  _globals['_REASONCOUNT']._serialized_start=1184
-  _globals['_REASONCOUNT']._serialized_end=1253
-  _globals['_MISSSTATS']._serialized_start=1256
-  _globals['_MISSSTATS']._serialized_end=1388
-  _globals['_LISTMISSESREQUEST']._serialized_start=1390
-  _globals['_LISTMISSESREQUEST']._serialized_end=1504
-  _globals['_MISSEDTURN']._serialized_start=1507
-  _globals['_MISSEDTURN']._serialized_end=2024
-  _globals['_LISTMISSESRESPONSE']._serialized_start=2026
-  _globals['_LISTMISSESRESPONSE']._serialized_end=2127
-  _globals['_GETWORKLOADSTATSREQUEST']._serialized_start=2129
-  _globals['_GETWORKLOADSTATSREQUEST']._serialized_end=2154
-  _globals['_GETWORKLOADSTATSRESPONSE']._serialized_start=2157
-  _globals['_GETWORKLOADSTATSRESPONSE']._serialized_end=2366
-  _globals['_INSPECTSERVICE']._serialized_start=2369
-  _globals['_INSPECTSERVICE']._serialized_end=2743
+  _globals['_PINSTATS']._serialized_end=280
+  _globals['_TOOLSUMMARY']._serialized_start=283
+  _globals['_TOOLSUMMARY']._serialized_end=555
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=557
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=640
+  _globals['_GETTOOLDISTRIBUTIONREQUEST']._serialized_start=642
+  _globals['_GETTOOLDISTRIBUTIONREQUEST']._serialized_end=728
+  _globals['_QUANTILE']._serialized_start=730
+  _globals['_QUANTILE']._serialized_end=793
+  _globals['_CDFPOINT']._serialized_start=795
+  _globals['_CDFPOINT']._serialized_end=871
+  _globals['_GETTOOLDISTRIBUTIONRESPONSE']._serialized_start=874
+  _globals['_GETTOOLDISTRIBUTIONRESPONSE']._serialized_end=1197
+  _globals['_REASONCOUNT']._serialized_start=1199
+  _globals['_REASONCOUNT']._serialized_end=1268
+  _globals['_MISSSTATS']._serialized_start=1271
+  _globals['_MISSSTATS']._serialized_end=1403
+  _globals['_LISTMISSESREQUEST']._serialized_start=1405
+  _globals['_LISTMISSESREQUEST']._serialized_end=1519
+  _globals['_MISSEDTURN']._serialized_start=1522
+  _globals['_MISSEDTURN']._serialized_end=2039
+  _globals['_LISTMISSESRESPONSE']._serialized_start=2041
+  _globals['_LISTMISSESRESPONSE']._serialized_end=2142
+  _globals['_GETWORKLOADSTATSREQUEST']._serialized_start=2144
+  _globals['_GETWORKLOADSTATSREQUEST']._serialized_end=2169
+  _globals['_GETWORKLOADSTATSRESPONSE']._serialized_start=2172
+  _globals['_GETWORKLOADSTATSRESPONSE']._serialized_end=2381
+  _globals['_INSPECTSERVICE']._serialized_start=2384
+  _globals['_INSPECTSERVICE']._serialized_end=2758
 # @@protoc_insertion_point(module_scope)

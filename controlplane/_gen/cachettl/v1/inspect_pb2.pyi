@@ -16,18 +16,20 @@ class ListToolsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PinStats(_message.Message):
-    __slots__ = ("hits", "expired", "released_under_pressure", "not_pinned", "hit_rate")
+    __slots__ = ("hits", "expired", "released_under_pressure", "not_pinned", "hit_rate", "moved")
     HITS_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_FIELD_NUMBER: _ClassVar[int]
     RELEASED_UNDER_PRESSURE_FIELD_NUMBER: _ClassVar[int]
     NOT_PINNED_FIELD_NUMBER: _ClassVar[int]
     HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
     hits: int
     expired: int
     released_under_pressure: int
     not_pinned: int
     hit_rate: float
-    def __init__(self, hits: _Optional[int] = ..., expired: _Optional[int] = ..., released_under_pressure: _Optional[int] = ..., not_pinned: _Optional[int] = ..., hit_rate: _Optional[float] = ...) -> None: ...
+    moved: int
+    def __init__(self, hits: _Optional[int] = ..., expired: _Optional[int] = ..., released_under_pressure: _Optional[int] = ..., not_pinned: _Optional[int] = ..., hit_rate: _Optional[float] = ..., moved: _Optional[int] = ...) -> None: ...
 
 class ToolSummary(_message.Message):
     __slots__ = ("tool_name", "sample_count", "seen_count", "p50", "p90", "p99", "drift_epoch", "signatures", "pins")
