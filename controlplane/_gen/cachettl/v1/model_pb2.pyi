@@ -10,13 +10,17 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WatchSnapshotsRequest(_message.Message):
-    __slots__ = ("after_version",)
+    __slots__ = ("after_version", "compact", "lineage")
     AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     after_version: int
-    def __init__(self, after_version: _Optional[int] = ...) -> None: ...
+    compact: bool
+    lineage: int
+    def __init__(self, after_version: _Optional[int] = ..., compact: _Optional[bool] = ..., lineage: _Optional[int] = ...) -> None: ...
 
 class ToolModel(_message.Message):
-    __slots__ = ("tool_name", "signature", "level", "sorted_durations_seconds", "summarized", "sample_count", "drift_epoch")
+    __slots__ = ("tool_name", "signature", "level", "sorted_durations_seconds", "summarized", "sample_count", "drift_epoch", "quantile_sketch")
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +28,7 @@ class ToolModel(_message.Message):
     SUMMARIZED_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
     DRIFT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    QUANTILE_SKETCH_FIELD_NUMBER: _ClassVar[int]
     tool_name: str
     signature: str
     level: str
@@ -31,18 +36,27 @@ class ToolModel(_message.Message):
     summarized: bool
     sample_count: int
     drift_epoch: int
-    def __init__(self, tool_name: _Optional[str] = ..., signature: _Optional[str] = ..., level: _Optional[str] = ..., sorted_durations_seconds: _Optional[_Iterable[float]] = ..., summarized: _Optional[bool] = ..., sample_count: _Optional[int] = ..., drift_epoch: _Optional[int] = ...) -> None: ...
+    quantile_sketch: bool
+    def __init__(self, tool_name: _Optional[str] = ..., signature: _Optional[str] = ..., level: _Optional[str] = ..., sorted_durations_seconds: _Optional[_Iterable[float]] = ..., summarized: _Optional[bool] = ..., sample_count: _Optional[int] = ..., drift_epoch: _Optional[int] = ..., quantile_sketch: _Optional[bool] = ...) -> None: ...
 
 class WatchSnapshotsResponse(_message.Message):
-    __slots__ = ("version", "models", "eta", "queue_delay", "min_samples")
+    __slots__ = ("version", "models", "eta", "queue_delay", "min_samples", "delta", "base_version", "lineage", "cdf_error")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     ETA_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DELAY_FIELD_NUMBER: _ClassVar[int]
     MIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    CDF_ERROR_FIELD_NUMBER: _ClassVar[int]
     version: int
     models: _containers.RepeatedCompositeFieldContainer[ToolModel]
     eta: float
     queue_delay: _duration_pb2.Duration
     min_samples: int
-    def __init__(self, version: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ToolModel, _Mapping]]] = ..., eta: _Optional[float] = ..., queue_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_samples: _Optional[int] = ...) -> None: ...
+    delta: bool
+    base_version: int
+    lineage: int
+    cdf_error: float
+    def __init__(self, version: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ToolModel, _Mapping]]] = ..., eta: _Optional[float] = ..., queue_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_samples: _Optional[int] = ..., delta: _Optional[bool] = ..., base_version: _Optional[int] = ..., lineage: _Optional[int] = ..., cdf_error: _Optional[float] = ...) -> None: ...

@@ -49,7 +49,8 @@ class ModelServiceServicer:
     def WatchSnapshots(self, request, context):
         """Streams a snapshot whenever the models change (at most one per server interval).
         A client that reconnects passes the last version it holds and receives only newer
-        snapshots.
+        snapshots. A client that sets compact receives compact models and, after one full
+        snapshot, deltas: only the models whose summary changed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
