@@ -42,9 +42,9 @@ __all__ = [
     "count",
 ]
 
-#: The paper's rules (DESIGN.md §3): program order with pinned programs first, pins
-#: released for any blocked allocation, victims by latest program arrival, no cap, no
-#: budget, the same rules with a CPU tier.
+#: The paper's rules (DESIGN.md §3): program order with pinned programs first (new programs'
+#: first turns included), pins released for any blocked allocation, victims by latest program
+#: arrival, no cap, no budget, the same rules with a CPU tier.
 PAPER_RULES = SchedulingRules(
     pressure=PressureRule.ALWAYS,
     tier_pressure=None,
@@ -53,6 +53,7 @@ PAPER_RULES = SchedulingRules(
     tier_order_window_s=None,
     first_turn_head_start_s=0.0,
     first_turn_reclaim=False,
+    first_turn_over_pins=False,
     budget_share=1.0,
     ttl_cap_s=math.inf,
     victim="latest-arrival",

@@ -113,7 +113,11 @@ def test_a_head_start_puts_new_programs_first_turns_ahead_of_returning_turns():
         queue = [old, new, pinned, preempted]
         return [r.program_id for r in sorted(queue, key=sim._key)]
 
-    assert order("cachettl(first_turn_head_start_s=0)") == ["pre", "pin", "old", "new"]
-    assert order("cachettl(first_turn_head_start_s=30)") == ["pre", "pin", "old", "new"]
-    assert order("cachettl(first_turn_head_start_s=60)") == ["pre", "pin", "new", "old"]
-    assert order("cachettl(first_turn_head_start_s=inf)") == ["pre", "pin", "new", "old"]
+    # The head start alone (new programs not over pins): pinned programs stay first.
+    head = "cachettl(first_turn_over_pins=0,first_turn_head_start_s={})"
+    assert order(head.format(0)) == ["pre", "pin", "old", "new"]
+    assert order(head.format(30)) == ["pre", "pin", "old", "new"]
+    assert order(head.format(60)) == ["pre", "pin", "new", "old"]
+    assert order(head.format("inf")) == ["pre", "pin", "new", "old"]
+    # The default: a new program's first turn goes ahead of the pinned one too.
+    assert order("cachettl") == ["pre", "new", "pin", "old"]
