@@ -15,7 +15,10 @@ memory on disk, and from then on until the spill is delivered the sender appends
 scheduler handed over to the spill and ``fsync`` s it every ``flush_interval_s`` (0.2 s by
 default), also between retries. So once the control plane is unreachable, a crash of the
 engine loses at most the events of the last ``flush_interval_s``; the next start with the
-same spill folder delivers the rest.
+same spill folder delivers the rest. The same deadline holds while a send hangs (a control
+plane that accepts connections and never answers): a watchdog thread puts what waits in
+memory on disk once a send has been out ``flush_interval_s``; a batch moved so is
+delivered again from the disk (the control plane drops repeats by event id).
 
 :func:`to_tool_call` and :func:`to_program_end` are the one conversion of the hook's events
 to the control plane's records; the simulator's demo reports through them too.
@@ -136,8 +139,13 @@ class ControlPlaneLink:
         self._lock: IO[bytes] | None = None  # the spill folder's lock, held while open
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._sending_since: float | None = None  # monotonic start of the send under way
         self._sender = threading.Thread(target=self._send_loop, name="cachettl-events", daemon=True)
         self._sender.start()
+        self._deadline = threading.Thread(
+            target=self._deadline_loop, name="cachettl-spill-deadline", daemon=True
+        )
+        self._deadline.start()
         self._watcher: threading.Thread | None = None
         if watch_snapshots and decider is not None:
             self._watcher = threading.Thread(
@@ -159,9 +167,12 @@ class ControlPlaneLink:
             tls=_tls(config),
             allow_plaintext_token=config.allow_plaintext_token,
         )
-        base = Path(config.spill_dir or default_spill_dir(config.control_plane, config.tenant, key))
-        folder, lock = claim_spill_dir(base)
-        buffer = EventBuffer(folder, max_bytes=config.spill_max_bytes)
+        token = config.token
+        base = Path(
+            config.spill_dir or default_spill_dir(config.control_plane, config.tenant, key, token)
+        )
+        folder, lock = claim_spill_dir(base, token)
+        buffer = EventBuffer(folder, max_bytes=config.spill_max_bytes, token=token)
         if len(buffer):
             logger.info("%d undelivered events found in %s", len(buffer), folder)
         link = cls(transport, buffer, decider)
@@ -238,8 +249,26 @@ class ControlPlaneLink:
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()
 
+    def _deadline_loop(self) -> None:
+        """Every ``flush_interval_s``: once a send has been out that long, what waits in
+        memory (and what the scheduler handed over) goes on disk, synced."""
+        while not self._stop.wait(self.flush_interval_s):
+            since = self._sending_since
+            if since is not None and time.monotonic() - since >= self.flush_interval_s:
+                self._take_incoming(down=False)
+                if self.buffer.spill_all() or self.buffer.spilled_bytes:
+                    self.buffer.sync()
+
     def _send_once(self) -> bool:
         """Deliver one batch; True if anything was delivered or dropped."""
+        self._sending_since = time.monotonic()
+        try:
+            return self._send_batch()
+        finally:
+            self._sending_since = None
+
+    def _send_batch(self) -> bool:
+        epoch = self.buffer.epoch
         batch = self.buffer.peek(self.batch_events)
         if not batch:
             return False
@@ -250,7 +279,7 @@ class ControlPlaneLink:
             calls.append(event)
         if calls:
             self._deliver_calls(calls)
-            self.buffer.drop(len(calls))
+            self.buffer.drop(len(calls), epoch)
             return True
         end = batch[0]
         assert isinstance(end, ProgramEndEvent)
@@ -260,7 +289,7 @@ class ControlPlaneLink:
         except PermanentError as exc:
             self.rejected += 1
             logger.warning("control plane refused %s: %s", end.event_id, exc)
-        self.buffer.drop(1)
+        self.buffer.drop(1, epoch)
         return True
 
     def _deliver_calls(self, calls: list[ToolCallEvent]) -> None:
@@ -317,6 +346,7 @@ class ControlPlaneLink:
         self._stop.set()
         self._wake.set()
         self._sender.join(timeout_s)
+        self._deadline.join(timeout_s)
         if not self._sender.is_alive():
             self._take_incoming(down=False)
             left = self.buffer.spill_all()

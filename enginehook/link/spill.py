@@ -4,11 +4,12 @@ Only the link's sender thread (and :meth:`ControlPlaneLink.close` once that thre
 stopped) calls an :class:`EventBuffer`; the scheduler's thread never touches the disk.
 
 On disk: segment files ``spill-NNNNNNNNN.jsonl`` in the spill folder, one JSON event per
-line, appended to through one open file until a segment holds ``segment_events`` lines.
-:meth:`EventBuffer.sync` flushes and ``fsync`` s the open segment. A segment is read back
-whole when memory runs empty and deleted only once every event in it was delivered, so a
-crash between reading and delivering sends those events again (the control plane drops
-repeats by event id). A line a crash tore is skipped and counted (``corrupt``).
+line, appended to through one open file until a segment holds ``segment_events`` lines or
+``segment_bytes`` bytes (then the next segment is opened: files are rotated by size, never
+one per flush). :meth:`EventBuffer.sync` flushes and ``fsync`` s the open segment. A
+segment is read back whole when memory runs empty and deleted only once every event in it
+was delivered, so a crash between reading and delivering sends those events again (the
+control plane drops repeats by event id). A line a crash tore is skipped and counted (``corrupt``).
 
 The bound: ``max_bytes`` of segment files in the folder (those found at start included).
 An event that would pass it is not written: it is dropped and counted (``dropped``), with
@@ -16,6 +17,13 @@ one warning per run of drops; the events already on disk are kept and delivered 
 
 :func:`default_spill_dir` is the stable per-engine folder used when ``spill_dir`` is unset,
 and :func:`claim_spill_dir` makes sure two live engines never share one.
+
+A spill folder belongs to one credential (the control-plane token it was written under):
+the folder holds :data:`OWNER_FILE`, a salted SHA-256 of the token (never the token), and
+events in it are delivered only under that token. Whoever delivers them is the tenant that
+reads them, so an engine started with another token never delivers them: it logs one line
+naming the folder and spills elsewhere (:func:`claim_spill_dir`); the files stay in place
+for an engine that holds the token they were written under.
 """
 
 from __future__ import annotations
@@ -34,7 +42,16 @@ from typing import IO
 
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent, event_from_record, event_record
 
-__all__ = ["DEFAULT_SPILL_MAX_BYTES", "EventBuffer", "claim_spill_dir", "default_spill_dir"]
+__all__ = [
+    "DEFAULT_SEGMENT_BYTES",
+    "DEFAULT_SPILL_MAX_BYTES",
+    "OWNER_FILE",
+    "EventBuffer",
+    "ForeignSpillError",
+    "claim_spill_dir",
+    "credential_id",
+    "default_spill_dir",
+]
 
 logger = logging.getLogger("enginehook.link.spill")
 
@@ -43,24 +60,78 @@ Event = ToolCallEvent | ProgramEndEvent
 #: The spill's default bound on disk (``spill_max_bytes``).
 DEFAULT_SPILL_MAX_BYTES = 256 * 1024 * 1024
 
+#: A spill segment's default bound in bytes (the next one is opened past it).
+DEFAULT_SEGMENT_BYTES = 4 * 1024 * 1024
+
 _LOCK_NAME = ".lock"
+#: The file in a spill folder naming the credential its events were written under.
+OWNER_FILE = ".owner"
+_OWNER_SALT = b"cachettl-spill-owner\0"
 
 
-def default_spill_dir(control_plane: str, tenant: str, key: str = "") -> Path:
+class ForeignSpillError(RuntimeError):
+    """A spill folder holds events written under another credential."""
+
+
+def credential_id(token: str) -> str:
+    """A salted SHA-256 of ``token`` (32 hex digits): what a spill folder's name and its
+    :data:`OWNER_FILE` hold in place of the token, which never reaches the disk.
+
+    >>> credential_id("t-1") == credential_id("t-1") != credential_id("t-2")
+    True
+    >>> "t-1" in credential_id("t-1")
+    False
+    """
+    return hashlib.sha256(_OWNER_SALT + token.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def default_spill_dir(control_plane: str, tenant: str, key: str = "", token: str = "") -> Path:
     """``<user cache dir>/cachettl/spill/<engine key>``: the same folder at every start of
-    the same engine (this host, control plane, tenant and ``key``, e.g. the model), so
-    events an earlier process spilled are found and delivered."""
+    the same engine (this host, control plane, tenant name, credential and ``key``, e.g.
+    the model), so events an earlier process spilled are found and delivered. The
+    credential enters as :func:`credential_id`: engines with different tokens never share
+    a folder, whatever tenant name their configs give."""
     import platformdirs
 
-    ident = "\0".join((socket.gethostname(), control_plane, tenant, key))
+    ident = "\0".join((socket.gethostname(), control_plane, tenant, key, credential_id(token)))
     name = hashlib.sha256(ident.encode()).hexdigest()[:16]
     return Path(platformdirs.user_cache_dir("cachettl")) / "spill" / name
 
 
-def claim_spill_dir(base: Path) -> tuple[Path, IO[bytes]]:
+def _has_spill(folder: Path) -> bool:
+    return any(folder.glob("spill-*.jsonl"))
+
+
+def folder_owner(folder: Path) -> str | None:
+    """The :func:`credential_id` a spill folder belongs to (``None``: not marked)."""
+    try:
+        return (folder / OWNER_FILE).read_text(encoding="ascii").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def check_owner(folder: Path, token: str) -> None:
+    """Mark ``folder`` as ``token``'s when it holds no spill of anyone else's; raise
+    :class:`ForeignSpillError` naming the folder when it holds spill written under another
+    credential (or under an unknown one: a folder with segments and no owner mark)."""
+    mine, owner = credential_id(token), folder_owner(folder)
+    if owner == mine:
+        return
+    if _has_spill(folder):
+        whose = "another credential" if owner else "an unknown credential (no owner mark)"
+        raise ForeignSpillError(
+            f"spill folder {folder} holds events written under {whose}: not delivered with "
+            "this engine's token (they are left in place for an engine that holds theirs)"
+        )
+    (folder / OWNER_FILE).write_text(mine + "\n", encoding="ascii")
+
+
+def claim_spill_dir(base: Path, token: str | None = None) -> tuple[Path, IO[bytes]]:
     """``base``, or ``base-2``, ``base-3``... : the first folder no live process holds,
     with its lock (an exclusive ``flock`` kept while the file stays open; the kernel lets
-    go of it when the process dies, so a crashed engine's folder is taken over)."""
+    go of it when the process dies, so a crashed engine's folder is taken over). Given
+    ``token``, a folder whose spill was written under another credential is passed over
+    (one warning line names it) and the folder claimed is marked as ``token``'s."""
     for n in range(1, 65):
         folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
         folder.mkdir(parents=True, exist_ok=True)
@@ -70,15 +141,24 @@ def claim_spill_dir(base: Path) -> tuple[Path, IO[bytes]]:
         except OSError:
             lock.close()
             continue
+        if token is not None:
+            try:
+                check_owner(folder, token)
+            except ForeignSpillError as error:
+                logger.warning("%s", error)
+                lock.close()
+                continue
         return folder, lock
     raise RuntimeError(f"no free spill folder next to {base} (64 engines hold one)")
 
 
 class EventBuffer:
     """FIFO of undelivered events: up to ``memory_events`` in memory, the rest in spill
-    segments of ``segment_events`` lines under ``spill_dir``, at most ``max_bytes`` of them
-    (see the module docstring). Segments an earlier process left are delivered first.
-    Thread-safe, but meant for one thread (the link's sender)."""
+    segments of at most ``segment_events`` lines and ``segment_bytes`` bytes under
+    ``spill_dir``, at most ``max_bytes`` of them (see the module docstring). Segments an
+    earlier process left are delivered first. Given ``token``, the folder must belong to
+    that credential (:func:`check_owner`; :class:`ForeignSpillError` otherwise) and is
+    marked as its. Thread-safe, but meant for one thread (the link's sender)."""
 
     def __init__(
         self,
@@ -86,13 +166,20 @@ class EventBuffer:
         memory_events: int = 10_000,
         segment_events: int = 1000,
         max_bytes: int = DEFAULT_SPILL_MAX_BYTES,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        token: str | None = None,
     ) -> None:
-        if memory_events < 1 or segment_events < 1 or max_bytes < 1:
-            raise ValueError("memory_events, segment_events and max_bytes must be >= 1")
+        if min(memory_events, segment_events, max_bytes, segment_bytes) < 1:
+            raise ValueError(
+                "memory_events, segment_events, segment_bytes and max_bytes must be >= 1"
+            )
         self.spill_dir = Path(spill_dir)
         self.spill_dir.mkdir(parents=True, exist_ok=True)
+        if token is not None:
+            check_owner(self.spill_dir, token)
         self.memory_events = memory_events
         self.segment_events = segment_events
+        self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
         #: Events not written because the spill was at ``max_bytes``.
         self.dropped = 0
@@ -106,9 +193,15 @@ class EventBuffer:
         self._bytes = sum(p.stat().st_size for p in self._segments)
         self._open: IO[str] | None = None  # the last segment, while it takes more lines
         self._open_lines = 0
+        self._open_bytes = 0
+        #: Spill segment files opened by this buffer.
+        self.segments_opened = 0
         self._loaded: Path | None = None  # the segment the oldest memory events came from
         self._backed = 0  # how many of the oldest memory events are still in _loaded
         self._full = False
+        #: Counts the times :meth:`spill_all` moved events of memory onto the disk: a batch
+        #: peeked before that is no longer in memory, and its :meth:`drop` is skipped.
+        self.epoch = 0
 
     def put(self, event: Event) -> None:
         """Queue ``event`` (in memory, or spilled once memory is full or spill is pending)."""
@@ -133,15 +226,18 @@ class EventBuffer:
             self._full = True
             return
         self._full = False
-        if self._open is None or self._open_lines >= self.segment_events:
+        full = self._open_lines >= self.segment_events or self._open_bytes >= self.segment_bytes
+        if self._open is None or full:
             self._close_open()
             self._seq += 1
             path = self.spill_dir / f"spill-{self._seq:09d}.jsonl"
             self._segments.append(path)
             self._open = path.open("a", encoding="utf-8")
-            self._open_lines = 0
+            self._open_lines = self._open_bytes = 0
+            self.segments_opened += 1
         self._open.write(line)
         self._open_lines += 1
+        self._open_bytes += size
         self._spilled += 1
         self._bytes += size
 
@@ -203,11 +299,12 @@ class EventBuffer:
             moved = list(self._memory)[backed:]
             for _ in range(len(moved)):
                 self._memory.pop()
-            if self._open is not None:
-                self._open_lines = self.segment_events  # a new segment, after the older
-            for event in moved:
+            for event in moved:  # appended to the open segment, rotated by size
                 self._spill(event)
-            self._close_open()
+            if moved:
+                self.epoch += 1
+            if self._open is not None:
+                self._open.flush()  # written; sync() makes it durable
             return backed + len(moved)
 
     def forget_memory(self) -> None:
@@ -217,9 +314,14 @@ class EventBuffer:
             self._memory.clear()
             self._loaded, self._backed = None, 0
 
-    def drop(self, n: int) -> None:
-        """Remove the ``n`` oldest events (after they were delivered)."""
+    def drop(self, n: int, epoch: int | None = None) -> None:
+        """Remove the ``n`` oldest events (after they were delivered). Given the
+        :attr:`epoch` read when they were peeked, nothing is removed if :meth:`spill_all`
+        moved memory to the disk since: those events are delivered again from there (the
+        control plane drops repeats by event id)."""
         with self._lock:
+            if epoch is not None and epoch != self.epoch:
+                return
             n = min(n, len(self._memory))
             for _ in range(n):
                 self._memory.popleft()
