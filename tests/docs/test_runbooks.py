@@ -1,0 +1,147 @@
+"""The quickstart's and the deploy page's commands, run verbatim on this machine.
+
+Each page's marked shell blocks (``<!-- docs-test: run -->``, tests/docs/pages.py) are joined
+into one bash script and run from the repository's root; the only thing the test changes is
+the environment variables the page itself sets with a default (``export WORK=${WORK:-...}``):
+a fresh folder and free ports. The script stops its own processes (its last block); whatever
+it left running is stopped with its process group.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from enginehook.tools.agentrun import free_port
+from tests.docs.pages import DOCS, ROOT, shell_blocks
+
+pytestmark = pytest.mark.slow
+
+QUICKSTART = DOCS / "quickstart.md"
+DEPLOY = DOCS / "deploy.md"
+ONE_ENGINE = "One engine on SQLite"
+CLUSTER = "A cluster behind vllm-router"
+_DEFAULTED = re.compile(r"\b([A-Z][A-Z0-9_]*)=\$\{\1:-[^}]*\}")
+
+
+def script(page: Path, section: str | None = None) -> str:
+    """The page's (section's) runnable blocks as one script; every shell block there must be
+    marked to run (the installation alone is marked as the suite's own first step)."""
+    parts = ["set -euo pipefail"]
+    for block in shell_blocks(page, section):
+        assert block.marker in ("run", "setup"), (
+            f"{page.name}:{block.line}: a shell block the suite does not run ({block.marker!r})"
+        )
+        if block.marker == "run":
+            parts.append(block.text)
+    assert len(parts) > 1, f"{page.name} {section or ''}: no runnable block"
+    return "\n".join(parts)
+
+
+def variables(text: str, work: Path) -> dict[str, str]:
+    """The page's defaulted variables: ``WORK`` a fresh folder, every ``*_PORT`` a free port."""
+    names = sorted(set(_DEFAULTED.findall(text)))
+    assert "WORK" in names, "the page sets no WORK folder"
+    env = {"WORK": str(work)}
+    for name in names:
+        if name.endswith("PORT"):
+            env[name] = str(free_port())
+        else:
+            assert name == "WORK", f"the page defaults {name}, which the test does not know"
+    return env
+
+
+def run(page: Path, work: Path, section: str | None = None, timeout_s: float = 900) -> str:
+    """Run the page's script; its output (stdout and stderr). Fails with the output and the
+    tails of the logs it wrote when the script fails."""
+    text = script(page, section)
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **variables(text, work)}
+    proc = subprocess.Popen(
+        ["bash", "-c", text],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop_group(proc.pid)
+        out, _ = proc.communicate()
+    finally:
+        _stop_group(proc.pid)
+    output = out.decode(errors="replace")
+    if proc.returncode != 0:
+        logs = "\n".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}"
+            for log in sorted(work.glob("*.log"))
+        )
+        pytest.fail(f"{page.name} {section or ''} exited {proc.returncode}:\n{output}\n{logs}")
+    return output
+
+
+def _stop_group(pgid: int) -> None:
+    """SIGTERM to what the script left running, SIGKILL after 30 s."""
+    for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.5)
+
+
+def _metric(output: str, name: str) -> list[float]:
+    return [float(v) for v in re.findall(rf"^{re.escape(name)} (\S+)$", output, re.M)]
+
+
+def test_the_installation_is_the_suites_first_step() -> None:
+    """The quickstart's installation block is what scripts/test runs before the tests."""
+    (setup,) = [b for b in shell_blocks(QUICKSTART) if b.marker == "setup"]
+    command = setup.text.split("#")[0].strip()
+    steps = (ROOT / "scripts" / "test").read_text().splitlines()
+    assert command in steps
+    assert (ROOT / command).exists()
+
+
+def test_quickstart_pins_a_turn(tmp_path: Path) -> None:
+    out = run(QUICKSTART, tmp_path / "quickstart")
+    assert re.search(r"^x-cachettl-pinned: true\r?$", out, re.M | re.I), out
+    assert _metric(out, "cachettl_pins_taken_total") == [1.0], out
+    assert _metric(out, "cachettl_pins_held") == [1.0], out
+
+
+def test_one_engine_pins_and_hits(tmp_path: Path) -> None:
+    out = run(DEPLOY, tmp_path / "engine", ONE_ENGINE)
+    assert re.search(r"^x-cachettl-pinned: true\r?$", out, re.M | re.I), out
+    cached = [int(n) for n in re.findall(r'"cached_tokens":(\d+)', out)]
+    assert cached and cached[0] >= 32, out
+    assert _metric(out, "cachettl_pins_taken_total") == [1.0], out
+    assert _metric(out, "cachettl_pinned_prefix_hits_total") == [1.0], out
+    assert _metric(out, "cachettl_model_version"), out  # the control plane's /metrics answered
+
+
+def test_cluster_behind_vllm_router_pins_and_hits(tmp_path: Path) -> None:
+    out = run(DEPLOY, tmp_path / "cluster", CLUSTER)
+    assert re.search(r"^x-cachettl-pinned: true\r?$", out, re.M | re.I), out
+    engines = re.findall(r"^x-cachettl-engine: (\S+)", out, re.M | re.I)
+    assert len(engines) == 2 and engines[0] == engines[1], out  # both turns on one engine
+    cached = [int(n) for n in re.findall(r'"cached_tokens":(\d+)', out)]
+    assert cached and cached[0] >= 32, out
+    assert sorted(_metric(out, "cachettl_pins_taken_total")) == [0.0, 1.0], out
+    assert sorted(_metric(out, "cachettl_pinned_prefix_hits_total")) == [0.0, 1.0], out
+    router_lines = out.strip().splitlines()[-1]
+    assert int(router_lines) > 0, out  # the router's /metrics answered with its samples
