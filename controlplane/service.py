@@ -27,7 +27,12 @@ from controlplane.records import (
     ToolCall,
 )
 from controlplane.sharing import SharingRules
-from controlplane.snapshots import SnapshotPayloads, dumps_off_process, in_slices
+from controlplane.snapshots import (
+    CompactSnapshots,
+    SnapshotPayloads,
+    dumps_off_process,
+    in_slices,
+)
 from controlplane.state import ModelState
 from controlplane.storage import Store, hash_token, new_token
 from estimator import DEFAULT_PROFILE, Decision, RequestFacts, get_policy
@@ -76,6 +81,7 @@ class ControlPlane:
         self._snapshot_version = -1
         self.sharing = sharing or SharingRules()
         self._payloads = SnapshotPayloads(LOCK_SLICE_S)
+        self.compact = CompactSnapshots(LOCK_SLICE_S)
         self.state = self._restore()
 
     # -- start-up and the log ---------------------------------------------------------
@@ -279,9 +285,16 @@ class ControlPlane:
         event loop."""
         return self._payloads.build(self.state, self._lock, tenant.name, tenant.share)
 
+    def update_compact(self, tenant: Tenant) -> int:
+        """Bring ``tenant``'s compact summaries (``self.compact``) up to its version now,
+        a slice at a time; call it off the event loop."""
+        return self.compact.update(self.state, self._lock, tenant.name, tenant.share)
+
     def forget_snapshots(self, tenant: Tenant) -> None:
-        """Drop what ``snapshot_payload`` keeps for ``tenant`` (its last stream ended)."""
+        """Drop what ``snapshot_payload`` and ``update_compact`` keep for ``tenant`` (its
+        last stream ended)."""
         self._payloads.forget(tenant.name)
+        self.compact.forget(tenant.name)
 
 
 def _load_snapshot(payload: bytes) -> ModelState | None:

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import select
 import signal
 import threading
 import time
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -41,11 +43,14 @@ from controlplane.errors import OverloadedError
 from controlplane.state import ModelState, in_slices
 from controlplane.wire import duration
 from estimator import DurationModel, Level
+from estimator.sketch import DEFAULT_POINTS, cdf_distance, sketch_points
 
 __all__ = [
     "MAX_SNAPSHOT_BYTES",
     "MIN_POINTS_PER_MODEL",
+    "RESEND",
     "SNAPSHOT_POINTS",
+    "CompactSnapshots",
     "SnapshotPayloads",
     "dumps_off_process",
     "in_slices",
@@ -61,6 +66,10 @@ MAX_SNAPSHOT_BYTES = 32 * 1024 * 1024
 SNAPSHOT_POINTS = 262_144
 #: The fewest points a model with that many samples is sent with, however many models.
 MIN_POINTS_PER_MODEL = 16
+
+#: How far (sup |H − F|) a model's window may move from the summary engines hold before
+#: the summary is sent again (compact snapshots: decisions within 2·RESEND·B).
+RESEND = 1.0 / 64
 
 #: How long a forked child may take to pickle the state before it is killed and the
 #: state is pickled in this process instead.
@@ -208,3 +217,166 @@ def _read_child(fd: int, pid: int, timeout_s: float) -> bytes | None:
         os.close(fd)
         _, status = os.waitpid(pid, 0)
     return b"".join(chunks) if status == 0 else None
+
+
+# -- compact snapshots and deltas -----------------------------------------------------------
+
+
+@dataclass
+class _Published:
+    """One model's summary as the table last published it."""
+
+    model: DurationModel  # the model object last checked, and its n_seen then
+    seen: int
+    points: np.ndarray
+    count: int
+    epoch: int
+    version: int  # the table version that published it
+    field: bytes  # serialized WatchSnapshotsResponse(models=[its ToolModel])
+
+
+@dataclass
+class _Table:
+    """A tenant's published summaries: deltas build on any version from ``start`` on."""
+
+    lineage: int
+    start: int
+    version: int = -1
+    header: tuple[float, float, int] = (1.0, 0.0, 0)  # eta, T, min_samples
+    entries: dict[inspection.ModelKey, _Published] = field(default_factory=dict)
+    replies: dict[int, bytes] = field(default_factory=dict)  # base (0: full) -> reply
+
+
+class CompactSnapshots:
+    """Per-tenant tables of compact model summaries, and the full or delta replies
+    built from them; thread-safe for different tenants (one :meth:`update` at a time per
+    tenant, :meth:`reply` from any thread).
+
+    A model is summarised by ``points`` samples (:mod:`estimator.sketch`: its CDF is below
+    the window's by less than 1/K) and published again only when the window has moved
+    more than ``resend`` from the summary engines hold (sup |H − F|, checked whenever the
+    model learned), when its drift epoch changes, or when it crosses the back-off
+    threshold. So every engine's CDF stays within ``resend`` of the server's, and its
+    decisions within 2·resend·B of the raw-duration optimum. A delta holds the models
+    published after the client's base version; the header (η, T, the threshold) rides in
+    every reply.
+    """
+
+    def __init__(
+        self, lock_slice_s: float = 0.002, points: int = DEFAULT_POINTS, resend: float = RESEND
+    ) -> None:
+        if resend < 1.0 / points:
+            raise ValueError(f"resend must be >= 1/points = {1.0 / points:g}, got {resend!r}")
+        self.lock_slice_s = lock_slice_s
+        self.points = points
+        self.resend = resend
+        self._tables: dict[str, _Table] = {}
+
+    def update(self, state: ModelState, lock: threading.RLock, tenant: str, share: bool) -> int:
+        """Bring ``tenant``'s table up to the models' version now; that version."""
+        with lock:
+            version = state.tenant_version(tenant, share)
+            keys = inspection.snapshot_keys(state, tenant, share)
+            stats = state.models.workload(tenant)
+            header = (stats.eta.get(), stats.queue.get(), state.models.durations.min_samples)
+        old = self._tables.get(tenant)
+        if old is not None and old.version == version and old.header == header:
+            return version
+        if old is None:
+            old = _Table(lineage=secrets.randbits(53) or 1, start=version)
+        entries: dict[inspection.ModelKey, _Published] = {}
+        threshold = header[2]
+
+        def check(key: inspection.ModelKey) -> None:
+            model = inspection.stored_model(state, tenant, key)
+            if model is None:
+                return
+            entry = old.entries.get(key)
+            if entry is not None and entry.model is model and entry.seen == model.n_seen:
+                entries[key] = entry
+                return
+            samples, n = model.sorted_samples(), model.n_samples
+            if (
+                entry is not None
+                and entry.epoch == model.drift_epoch
+                and (entry.count > threshold) == (n > threshold)
+                and cdf_distance(entry.points, entry.count, samples, self.points) <= self.resend
+            ):
+                entries[key] = replace(entry, model=model, seen=model.n_seen)
+                return
+            points = sketch_points(samples, self.points)
+            wire = _compact_field(key, model, points)
+            entries[key] = _Published(
+                model, model.n_seen, points, n, model.drift_epoch, version, wire
+            )
+
+        in_slices(lock, keys, check, self.lock_slice_s)
+        start = old.start if old.entries.keys() <= entries.keys() else version
+        self._tables[tenant] = _Table(old.lineage, start, version, header, entries)
+        return version
+
+    def reply(self, tenant: str, after: int, lineage: int) -> tuple[int, int, bytes] | None:
+        """``(version, lineage, serialized reply)`` for a client holding ``after`` of
+        ``lineage``: a delta when the table builds on it, else a full snapshot; None
+        when there is nothing newer (or no table yet)."""
+        table = self._tables.get(tenant)
+        if table is None:
+            return None
+        same = lineage == table.lineage and table.start <= after <= table.version
+        if same and after == table.version:
+            return None
+        if not same and after > table.version:
+            return None  # a replica behind the client: wait until it catches up
+        base = after if same else 0
+        reply = table.replies.get(base)
+        if reply is None:
+            reply = self._serialize(table, base, same)
+            if len(table.replies) > 64:
+                table.replies.clear()
+            table.replies[base] = reply
+        return table.version, table.lineage, reply
+
+    def _serialize(self, table: _Table, base: int, delta: bool) -> bytes:
+        eta, queue, min_samples = table.header
+        header = model_pb2.WatchSnapshotsResponse(
+            version=table.version,
+            eta=eta,
+            queue_delay=duration(queue, "queue_delay"),
+            min_samples=min_samples,
+            delta=delta,
+            base_version=base,
+            lineage=table.lineage,
+            cdf_error=self.resend,
+        )
+        parts = [header.SerializeToString()]
+        parts += [e.field for e in table.entries.values() if not delta or e.version > base]
+        return b"".join(parts)
+
+    def version(self, tenant: str) -> int:
+        """The version ``tenant``'s table was last brought to (-1: no table)."""
+        table = self._tables.get(tenant)
+        return table.version if table is not None else -1
+
+    def lineage(self, tenant: str) -> int:
+        """The lineage of ``tenant``'s table (0: none yet)."""
+        table = self._tables.get(tenant)
+        return table.lineage if table is not None else 0
+
+    def forget(self, tenant: str) -> None:
+        """Drop a tenant's table (its last stream ended); the next one has a new lineage."""
+        self._tables.pop(tenant, None)
+
+
+def _compact_field(key: inspection.ModelKey, model: DurationModel, points: np.ndarray) -> bytes:
+    level, tool, signature = key
+    message = model_pb2.ToolModel(
+        tool_name=tool,
+        signature=signature,
+        level=level.value,
+        sorted_durations_seconds=points.tolist(),
+        summarized=model.n_samples > points.shape[0] or level is Level.SHARED,
+        sample_count=model.n_samples,
+        drift_epoch=model.drift_epoch,
+        quantile_sketch=True,
+    )
+    return model_pb2.WatchSnapshotsResponse(models=[message]).SerializeToString()

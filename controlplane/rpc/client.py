@@ -297,14 +297,24 @@ class ControlPlaneClient:
         return self._inspect.GetWorkloadStats(request, **self._kw())  # type: ignore[no-any-return]
 
     def watch_snapshots(
-        self, after_version: int = 0, timeout_s: float | None = None
+        self,
+        after_version: int = 0,
+        timeout_s: float | None = None,
+        *,
+        compact: bool = False,
+        lineage: int = 0,
     ) -> Iterator[model_pb2.WatchSnapshotsResponse]:
         """Snapshots newer than ``after_version``, as the server publishes them.
 
         The stream runs until ``timeout_s`` (default: none) or the caller stops iterating;
-        to resume after a disconnect pass the last ``version`` received.
+        to resume after a disconnect pass the last ``version`` received. With ``compact``,
+        compact models and deltas: pass the last reply's ``lineage`` too (0: a full
+        snapshot first); a delta whose ``base_version`` is not the version held calls for
+        a new stream with lineage 0.
         """
-        request = model_pb2.WatchSnapshotsRequest(after_version=after_version)
+        request = model_pb2.WatchSnapshotsRequest(
+            after_version=after_version, compact=compact, lineage=lineage
+        )
         stream = self._models.WatchSnapshots(request, timeout=timeout_s, metadata=self._metadata)
         try:
             yield from stream

@@ -168,6 +168,7 @@ class Servicer(CoherenceMethods):
         self.tenants = TenantCache(plane.store.tenant_by_token_hash, auth)
         self.gate = Gate(budgets or Budgets(), self.tenants)
         self._builds: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
+        self._compact_builds: dict[str, asyncio.Future[int]] = {}
         # Views (listings, distributions, snapshots) are built on one thread of their
         # own: they hold the model lock a slice at a time, and fewer threads competing
         # for the GIL keep those slices short.
@@ -393,11 +394,15 @@ class Servicer(CoherenceMethods):
     ) -> AsyncIterator[bytes]:
         """Sends the tenant's snapshot whenever its version passes the last one sent;
         the token is checked again every ``watch_interval_s``, so a revocation ends the
-        stream (PERMISSION_DENIED) within that plus the auth cache's ``fresh_s``."""
+        stream (PERMISSION_DENIED) within that plus the auth cache's ``fresh_s``. A
+        ``compact`` request gets compact models and deltas (:meth:`_watch_compact`)."""
         await context.send_initial_metadata(())  # tells the client the stream is open
         after = request.after_version
         try:
-            while True:
+            if request.compact:
+                async for reply in self._watch_compact(tenant, request, context):
+                    yield reply
+            while not request.compact:
                 tenant = await self.gate.authenticate(context)
                 if self.plane.tenant_version(tenant) > after:
                     try:
@@ -413,8 +418,40 @@ class Servicer(CoherenceMethods):
         finally:
             if self.gate.streams_of(tenant.name) <= 1:  # the tenant's last stream
                 self._latest.pop(tenant.name, None)
-                if tenant.name not in self._builds:
+                if tenant.name not in self._builds and tenant.name not in self._compact_builds:
                     self.plane.forget_snapshots(tenant)
+
+    async def _watch_compact(
+        self,
+        tenant: Tenant,
+        request: model_pb2.WatchSnapshotsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[bytes]:
+        """A full compact snapshot first unless the client holds a version of the
+        tenant's table (same lineage), then deltas (``controlplane.snapshots``)."""
+        after, lineage = request.after_version, request.lineage
+        compact = self.plane.compact
+        while True:
+            tenant = await self.gate.authenticate(context)
+            if self.plane.tenant_version(tenant) > compact.version(tenant.name):
+                await self._compact_update(tenant)
+            got = compact.reply(tenant.name, after, lineage)
+            if got is not None:
+                after, lineage, payload = got
+                self.metrics.snapshot_sent(after)
+                yield payload
+            await asyncio.sleep(self.watch_interval_s)
+
+    async def _compact_update(self, tenant: Tenant) -> int:
+        """One update of the tenant's compact table at a time, shared by its streams."""
+        build = self._compact_builds.get(tenant.name)
+        if build is None:
+            build = asyncio.ensure_future(self._view(self.plane.update_compact, tenant))
+            self._compact_builds[tenant.name] = build
+            build.add_done_callback(
+                functools.partial(_forget_build, self._compact_builds, tenant.name)
+            )
+        return await asyncio.shield(build)
 
     async def _snapshot(self, tenant: Tenant) -> tuple[int, bytes]:
         """The tenant's latest serialized snapshot; one build at a time per tenant, in a
@@ -433,6 +470,10 @@ class Servicer(CoherenceMethods):
         self._builds.pop(name, None)
         if not build.cancelled() and build.exception() is None:
             self._latest[name] = build.result()
+
+
+def _forget_build(builds: dict[str, Any], name: str, _: object) -> None:
+    builds.pop(name, None)
 
 
 def _distribution(
