@@ -106,6 +106,13 @@ PARTS = (
     # is the stable path vLLM's --middleware flag names.
     Part("enginehook face", ("enginehook",), ("enginehook core", "enginehook hints"), ("vllm",)),
     Part("simulator studies", ("simulator.studies",), ("*",)),
+    # The cluster hosts the TTL-aware router the routing wing ships.
+    Part(
+        "simulator cluster",
+        ("simulator.cluster",),
+        ("simulator model", *_CORE, "enginehook routing", "estimator"),
+        ("vllm",),
+    ),
     Part("simulator model", ("simulator",), ("simulator model", *_CORE, "estimator"), ("vllm",)),
 )
 PART_NAMES = {part.name for part in PARTS}

@@ -2,10 +2,12 @@
 
 :func:`enginehook.routing.rule.route` is a pure function; a router keeps, besides, where each
 program last ran and the routes since each replica's stats (:class:`Memory`), its latest
-decisions, and the drops of the pins rule 1 escapes (:class:`PinDrops`). :class:`TtlRouter`
+decisions, and the drops of the pins rule 1 escapes (:class:`Drops`). :class:`TtlRouter`
 is that state, fed the replicas' published stats and the clock by its host: Ray Serve's
-``RequestRouter`` (:mod:`enginehook.routing.ray`) is a thin adapter over it, and a test
-drives it without Ray.
+``RequestRouter`` (:mod:`enginehook.routing.ray`, drops posted over HTTP by
+:class:`~enginehook.routing.drops.PinDrops`) and the simulator's ``ttl-aware`` router
+(``simulator/cluster/ttlaware.py``, drops applied to the simulated holder) are thin
+adapters over it, and a test drives it without either.
 
 >>> router = TtlRouter.from_kwargs({"credit_decay_s": 30.0})
 >>> router.decide([("r1", None), ("r2", None)], "p", now=0.0).ranked
@@ -19,7 +21,7 @@ ValueError: request_router_kwargs: unknown ['credit_decay'] (known: credit_decay
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from enginehook.core.config import read_token
 from enginehook.routing.drops import PinDrops
@@ -33,17 +35,29 @@ from enginehook.routing.rule import (
     view_of,
 )
 
-__all__ = ["KWARGS", "TtlRouter"]
+__all__ = ["KWARGS", "Drops", "TtlRouter"]
 
 #: The router's settings and their defaults (Ray Serve's ``request_router_kwargs``).
-#: ``pin_token_file``: a file holding the hooks' bearer token, read once (empty: no token).
+#: ``pin_token_file``: a file holding the hooks' bearer token, read once (empty: no token);
+#: ``step_wait``: waits add half the step each replica publishes it is running.
 KWARGS: Mapping[str, Any] = {
     "credit_decay_s": 60.0,
     "prefill_tokens_per_s": 1_000.0,
     "pin_token_file": "",
+    "step_wait": False,
 }
 #: Decisions kept for :attr:`TtlRouter.decisions`.
 DECISIONS_KEPT = 256
+
+
+class Drops(Protocol):
+    """Where the drops of the pins rule 1 escapes go (the shape of
+    :class:`~enginehook.routing.drops.PinDrops`)."""
+
+    def escaped(
+        self, program: str, holder: str, *, endpoint: str | None, expires_at: float
+    ) -> str: ...
+    def counts(self) -> dict[str, int]: ...
 
 
 class TtlRouter:
@@ -56,7 +70,8 @@ class TtlRouter:
         self,
         credit_decay_s: float = KWARGS["credit_decay_s"],
         prefill_tokens_per_s: float = KWARGS["prefill_tokens_per_s"],
-        pin_drops: PinDrops | None = None,
+        pin_drops: Drops | None = None,
+        step_wait: bool = KWARGS["step_wait"],
     ) -> None:
         for name, value in (
             ("credit_decay_s", credit_decay_s),
@@ -64,9 +79,12 @@ class TtlRouter:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"request_router_kwargs.{name} must be > 0, got {value!r}")
+        if not isinstance(step_wait, bool):
+            raise ValueError(f"request_router_kwargs.step_wait must be a bool, got {step_wait!r}")
+        self.step_wait = step_wait
         self.credit_decay_s = float(credit_decay_s)
         self.prefill_tokens_per_s = float(prefill_tokens_per_s)
-        self.pin_drops = pin_drops if pin_drops is not None else PinDrops()
+        self.pin_drops: Drops = pin_drops if pin_drops is not None else PinDrops()
         self.memory = Memory()
         #: Per replica: the stats last read, their ``at`` and the view read from them.
         self._views: dict[str, tuple[Mapping[str, Any] | None, object, ReplicaView]] = {}
@@ -111,6 +129,7 @@ class TtlRouter:
             last=self.memory.get(program),
             prompt_tokens=prompt_tokens,
             credit_decay_s=self.credit_decay_s,
+            step_wait=self.step_wait,
         )
         self.decisions = [*self.decisions[-(DECISIONS_KEPT - 1) :], (program, decision)]
         if decision.drop_from is not None and program is not None:

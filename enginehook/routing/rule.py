@@ -14,7 +14,10 @@ it: the rest of the running prefills and the queued turns ``e``'s own queue orde
 (:meth:`PinController.order_key`) puts first, each less the prefix pinned for it. For a
 program pinned on ``e`` that is the pin's ``ahead_tokens``; for any other turn the
 replica's ``ahead_tokens``, the work ahead of a program it has never seen (a replica that
-publishes no queue view: all its queued prompt tokens, the earlier wait). For one request:
+publishes no queue view: all its queued prompt tokens, the earlier wait). With
+``step_wait`` the wait adds half the step the replica is running (its published ``step_s``:
+an engine takes new work only between steps, and a turn arriving at a time unrelated to
+them finds half a step left on average). For one request:
 
 1. **Live pin** on replica ``h`` (a published pin whose ``expires_at`` is after ``now``): go
    to ``h`` unless ``wait(h) - wait(b) > prefill_b(T) * (1 + n_b)``, where ``b`` is the other
@@ -37,19 +40,15 @@ publishes no queue view: all its queued prompt tokens, the earlier wait). For on
    wins rule 3's ties) and live pins are never remapped; a replica that leaves takes its
    pins with it (rule 2 on the next turn).
 
-The simulator's ``ttl-aware`` router (``simulator/cluster/ttlaware.py``) runs the same
-rules; what a replica can publish differs in three places. (a) A turn with no live pin on
-``e`` is charged the wait of a program ``e`` has never seen; the simulator asks ``e``'s
-queue order for the program itself, which for the replica it last ran on can put it
-earlier (orders by a program's first arrival): there this wait is an upper bound. (b) The
-held prefix taken off queued turns is their pin (and what the host passes as
-``cached_tokens``), not every cached block. (c) Bound programs are the replica's
-controller's programs, forgotten also when a program idles past ``idle_program_s`` or the
-controller's bound on programs; the simulator's router counts its own routings until it
-hears the program end. The stats are as old as ``at``: :meth:`Memory.current` counts the
-routes made since (a new program bound, a request queued, its prompt as work ahead of
-turns that hold no pin there).
-Nothing here reads a clock or imports Ray.
+Two hosts run this module: Ray Serve (:mod:`enginehook.routing.ray` over
+:class:`~enginehook.routing.router.TtlRouter`) and the simulator's ``ttl-aware`` router
+(``simulator/cluster/ttlaware.py``, the same ``TtlRouter`` over stats each simulated engine
+publishes with :func:`replica_stats` at every decision). A turn with no live pin on ``e``
+is charged the wait of a program ``e`` has never seen; for the replica it last ran on, whose
+queue order may put it earlier (orders by a program's first arrival), that wait is an upper
+bound. The stats are as old as ``at``: :meth:`Memory.current` counts the routes made since
+(a new program bound, a request queued, its prompt as work ahead of turns that hold no pin
+there). Nothing here reads a clock or imports Ray.
 """
 
 from __future__ import annotations
@@ -109,7 +108,8 @@ class ReplicaView:
     publishes no queue view, the wait counts all of ``queued_tokens``); ``running`` and
     ``waiting``: requests; ``bound``: programs bound to it; ``at``: when the stats were taken
     (``None``: unknown, nothing is added to them); ``pin_endpoint``: where its pin commands
-    go (``None``: it cannot be told to drop a pin, :mod:`enginehook.routing.drops`)."""
+    go (``None``: it cannot be told to drop a pin, :mod:`enginehook.routing.drops`);
+    ``step_s``: seconds of the step it is running (0: idle, or not published)."""
 
     replica_id: str
     free_tokens: int = 0
@@ -122,6 +122,7 @@ class ReplicaView:
     ahead_tokens: int | None = None
     at: float | None = None
     pin_endpoint: str | None = None
+    step_s: float = 0.0
 
     def ahead(self, program: str | None, now: float) -> int:
         """Prompt tokens this replica serves before a turn of ``program`` arriving now."""
@@ -130,9 +131,13 @@ class ReplicaView:
             return pin.ahead_tokens
         return self.queued_tokens if self.ahead_tokens is None else self.ahead_tokens
 
-    def wait_s(self, program: str | None = None, now: float = 0.0) -> float:
-        """The turn's wait: :meth:`ahead` at the prefill rate."""
-        return self.prefill_s(self.ahead(program, now))
+    def wait_s(
+        self, program: str | None = None, now: float = 0.0, step_wait: bool = False
+    ) -> float:
+        """The turn's wait: :meth:`ahead` at the prefill rate, and with ``step_wait`` half
+        of :attr:`step_s`."""
+        queued = self.prefill_s(self.ahead(program, now))
+        return queued + self.step_s / 2 if step_wait else queued
 
     def prefill_s(self, tokens: float) -> float:
         return max(0.0, tokens) / self.prefill_tokens_per_s
@@ -180,20 +185,23 @@ def route(
     last: Last | None = None,
     prompt_tokens: int | None = None,
     credit_decay_s: float = 60.0,
+    step_wait: bool = False,
 ) -> Route:
     """The replica for one request of ``program`` (``None``: no session, a new program).
-    ``prompt_tokens``: the request's prompt when known (else the context it left)."""
+    ``prompt_tokens``: the request's prompt when known (else the context it left);
+    ``step_wait``: the waits add half of each replica's running step."""
     _check_views(replicas)
     if not credit_decay_s > 0:
         raise ValueError(f"credit_decay_s must be > 0, got {credit_decay_s}")
     if program is not None:
         held = [(r, pin) for r in replicas if (pin := r.live_pin(program, now)) is not None]
         if held:
-            return _pinned(program, held, replicas, now, last)
+            return _pinned(program, held, replicas, now, last, step_wait)
     if program is None or last is None:  # rule 3
 
         def place(r: ReplicaView) -> tuple[float, int, int, int, str]:
-            return (r.wait_s(program, now), r.bound, r.running, -r.free_tokens, r.replica_id)
+            wait = r.wait_s(program, now, step_wait)
+            return (wait, r.bound, r.running, -r.free_tokens, r.replica_id)
 
         return Route(tuple(r.replica_id for r in sorted(replicas, key=place)), "new")
     prompt = prompt_tokens if prompt_tokens is not None else last.tokens
@@ -203,7 +211,7 @@ def route(
         if r.replica_id == last.replica_id:
             age = max(0.0, now - last.since)
             credit = min(last.tokens, prompt) * math.exp(-age / credit_decay_s)
-        wait = r.wait_s(program, now)
+        wait = r.wait_s(program, now, step_wait)
         return (wait + r.prefill_s(prompt - credit), -r.free_tokens, r.replica_id)
 
     order = sorted(replicas, key=cost)
@@ -216,6 +224,7 @@ def _pinned(
     replicas: Sequence[ReplicaView],
     now: float,
     last: Last | None,
+    step_wait: bool,
 ) -> Route:
     """Rule 1."""
     # One pin per program; should two replicas publish one (a stale view), the replica it
@@ -224,7 +233,7 @@ def _pinned(
         held,
         key=lambda hp: (last is not None and hp[0].replica_id == last.replica_id, hp[1].expires_at),
     )
-    waits = {r.replica_id: r.wait_s(program, now) for r in replicas}
+    waits = {r.replica_id: r.wait_s(program, now, step_wait) for r in replicas}
     others = sorted(
         (r for r in replicas if r is not holder), key=lambda r: (waits[r.replica_id], r.replica_id)
     )
@@ -379,6 +388,7 @@ def replica_stats(
     waiting: Iterable[Queued] | None = None,
     queued_tokens: int | None = None,
     pin_endpoint: str | None = None,
+    step_s: float | None = None,
 ) -> dict[str, Any]:
     """The routing stats a replica publishes from its pin controller (the same object the
     engine hook runs): ``{STATS_KEY: {...}}``, JSON-ready. ``free_tokens``: KV neither used
@@ -386,7 +396,8 @@ def replica_stats(
     ``prefilling_tokens``: what their prefills have left; ``waiting``: the waiting requests
     (``None``: the host cannot see its queue; the router then counts ``queued_tokens`` as
     every turn's wait); ``queued_tokens``: defaults to the waiting prompts less their held
-    prefix."""
+    prefix; ``step_s``: seconds of the step the replica is running, as it estimates it
+    (``None``: not published)."""
     pins = controller.pins
     block: dict[str, Any] = {
         "pins": {p.program_id: [p.expires_at, p.blocks * tokens_per_block] for p in pins},
@@ -399,6 +410,8 @@ def replica_stats(
     }
     if pin_endpoint is not None:
         block["pin_endpoint"] = check_endpoint(pin_endpoint, "pin_endpoint")
+    if step_s is not None:
+        block["step_s"] = float(step_s)
     queue = sorted(
         ((q.key, _to_compute(controller, q, tokens_per_block)) for q in (waiting or ())),
         key=lambda kt: kt[0],
@@ -474,10 +487,13 @@ def view_of(
     try:
         rate = float(block.get("prefill_tokens_per_s", default_prefill_tokens_per_s))
         at = None if block.get("at") is None else float(block["at"])
+        step_s = float(block.get("step_s") or 0.0)
     except (TypeError, ValueError) as e:
         raise ValueError(
-            f"routing stats of {replica_id}: prefill_tokens_per_s and at must be numbers"
+            f"routing stats of {replica_id}: prefill_tokens_per_s, step_s and at must be numbers"
         ) from e
+    if not step_s >= 0.0:
+        raise ValueError(f"routing stats of {replica_id}: step_s must be >= 0, got {step_s}")
     endpoint = block.get("pin_endpoint")
     if endpoint is not None:
         endpoint = check_endpoint(endpoint, f"routing stats of {replica_id}: pin_endpoint")
@@ -493,4 +509,5 @@ def view_of(
         ahead_tokens=_int(replica_id, block, "ahead_tokens"),
         at=at,
         pin_endpoint=endpoint,
+        step_s=step_s,
     )

@@ -18,7 +18,14 @@ ttl-aware            ours: back to a live pin's holder unless waiting costs more
 """
 
 from simulator.cluster import peers, progsched, ttlaware, vllm_router
-from simulator.cluster.base import ROUTERS, EngineView, Route, Router, get_router, register_router
+from simulator.cluster.base import (
+    ROUTERS,
+    EngineView,
+    Router,
+    TurnRequest,
+    get_router,
+    register_router,
+)
 from simulator.cluster.cluster import Cluster, ClusterResult, TopologyChange, simulate_cluster
 
 __all__ = [
@@ -26,9 +33,9 @@ __all__ = [
     "Cluster",
     "ClusterResult",
     "EngineView",
-    "Route",
     "Router",
     "TopologyChange",
+    "TurnRequest",
     "get_router",
     "peers",
     "progsched",

@@ -1,8 +1,9 @@
 """The router contract of the simulated cluster, and the registry every router is in.
 
-A router sees each turn of a program as a :class:`Route` and the live engines as
+A router sees each turn of a program as a :class:`TurnRequest` and the live engines as
 :class:`EngineView` objects (their load, memory and pins: the signals the field's routers
-read from engine metrics or KV events), and names the engine that serves it. It is told of
+read from engine metrics or KV events, and the routing stats a CacheTTL replica
+publishes), and names the engine that serves it. It is told of
 engines joining and leaving, of turns finishing and of pins ending, and may hold a request
 back (return ``None``) and hand it over later through :meth:`ClusterHost.submit`.
 
@@ -25,8 +26,8 @@ __all__ = [
     "ClusterHost",
     "EngineView",
     "Params",
-    "Route",
     "Router",
+    "TurnRequest",
     "get_router",
     "register_router",
     "stable_hash",
@@ -43,7 +44,7 @@ def stable_hash(text: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class TurnRequest:
     """One turn of a program, as the router sees it."""
 
     program_id: str
@@ -70,9 +71,9 @@ class EngineView(Protocol):
     def kv_tokens(self) -> int: ...
     def pin_of(self, program_id: str) -> Pin[int] | None: ...
     def cached_tokens(self, program_id: str) -> int: ...
-    def queued_ahead_tokens(self, program_id: str, now: float) -> int: ...
-    def prefill_s(self, tokens: int) -> float: ...
-    def step_s(self) -> float: ...
+    @property
+    def replica_id(self) -> str: ...
+    def routing_stats(self, now: float) -> dict[str, Any]: ...
 
 
 class ClusterHost(Protocol):
@@ -117,7 +118,7 @@ class Router:
     def attach(self, host: ClusterHost) -> None:
         self.host = host
 
-    def route(self, request: Route, engines: Sequence[EngineView]) -> EngineView | None:
+    def route(self, request: TurnRequest, engines: Sequence[EngineView]) -> EngineView | None:
         raise NotImplementedError
 
     def joined(self, engine: EngineView, now: float) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from enginehook.core.pins import Pin, ReleaseReason
 from estimator import HardwareProfile
-from simulator.cluster.base import Route, Router, get_router
+from simulator.cluster.base import Router, TurnRequest, get_router
 from simulator.cluster.engines import ClusterEngine
 from simulator.engine import EngineConfig
 from simulator.loop import ARRIVAL, Event, EventLoop
@@ -255,7 +255,7 @@ class Cluster:
     def _dispatch(self, state: ProgramState, now: float) -> Iterable[Event]:
         program = state.program
         turn = program.turns[state.next_turn]
-        request = Route(
+        request = TurnRequest(
             program.program_id,
             state.next_turn,
             state.context + turn.input_tokens,

@@ -1,14 +1,17 @@
 """One engine of the cluster: the single-engine :class:`simulator.sim.Simulation` (its
 engine, its :class:`PinController` and retention policy) on the cluster's shared event
 loop, whose returning turns go back through the router, and which reports what the
-cluster's metrics need (queued tokens, returning turns' hits, pins that end)."""
+cluster's metrics need (queued tokens, returning turns' hits, pins that end) and the
+routing stats a CacheTTL replica publishes
+(:func:`enginehook.routing.rule.replica_stats` of its controller)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from enginehook.core.pins import Pin, ReleaseReason
+from enginehook.routing.rule import Queued, replica_stats, view_of
 from estimator import HardwareProfile
 from simulator.engine import EngineConfig, Request
 from simulator.loop import Event, EventLoop
@@ -50,6 +53,8 @@ class ClusterEngine(Simulation):
         self._queued = 0
         chunk = self.config.max_num_batched_tokens
         self._chunk_s = self.timer.step([(chunk, 0)], 0, chunk, 0)
+        #: Prompt tokens prefilled per second (whole chunks at the chunk's step time).
+        self.prefill_tokens_per_s = chunk / self._chunk_s
 
     # -- the router's view -------------------------------------------------------------
     @property
@@ -88,20 +93,45 @@ class ClusterEngine(Simulation):
         blocks = self.pinned_blocks_of(program_id) or self.engine.pool.cached_prefix(program_id)
         return blocks * self.config.block_size
 
-    def queued_ahead_tokens(self, program_id: str, now: float) -> int:
-        """Prompt tokens still to compute ahead of a turn of ``program_id`` arriving now:
-        the rest of the running prefills, and the waiting turns that this engine's own
-        queue order puts first, each less the prefix of its program held here."""
+    @property
+    def replica_id(self) -> str:
+        """The engine's id in its routing stats (zero-padded, so ids order as numbers)."""
+        return f"engine-{self.engine_id:04d}"
+
+    def routing_stats(self, now: float) -> dict[str, Any]:
+        """The routing stats a CacheTTL replica publishes, taken ``now``
+        (:func:`~enginehook.routing.rule.replica_stats` of this engine's controller): its
+        pins, KV neither used nor pinned, running requests and what their prefills have
+        left, its waiting turns in its own queue order (each less the prefix of its program
+        held here), its prefill rate and the step it is running."""
         engine = self.engine
-        work = sum(r.prompt_tokens - r.computed for r in engine.running if r.prefilling)
-        if not engine.waiting:
-            return work
-        mine = self.controller.order_key(0, False, program_id, now, "\U0010ffff")
-        for r in engine.waiting:
-            if self._key(r) < mine:
-                held = min(self.cached_tokens(r.program_id), r.prompt_tokens - 1)
-                work += r.prompt_tokens - max(0, held)
-        return work
+        size = self.config.block_size
+        return replica_stats(
+            self.controller,
+            free_tokens=self.free_blocks() * size,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+            tokens_per_block=size,
+            now=now,
+            running=len(engine.running),
+            prefilling_tokens=sum(
+                r.prompt_tokens - r.computed for r in engine.running if r.prefilling
+            ),
+            waiting=[
+                Queued(
+                    r.program_id, self._key(r), r.prompt_tokens, self.cached_tokens(r.program_id)
+                )
+                for r in engine.waiting
+            ],
+            step_s=self.step_s(),
+        )
+
+    def queued_ahead_tokens(self, program_id: str, now: float) -> int:
+        """Prompt tokens still to compute ahead of a turn of ``program_id`` arriving now, as
+        a router reads them from :meth:`routing_stats`: behind a live pin here, what this
+        engine's queue order puts before its program; otherwise, what it puts before a
+        program it has never seen."""
+        view = view_of(self.replica_id, self.routing_stats(now), self.prefill_tokens_per_s)
+        return view.ahead(program_id, now)
 
     def prefill_s(self, tokens: int) -> float:
         """Seconds to prefill ``tokens`` here (whole chunks at the chunk's step time)."""
@@ -111,7 +141,7 @@ class ClusterEngine(Simulation):
         """Seconds of one step of the running batch as a router can estimate it: the step
         time of one token for each running request over the KV they hold (running
         requests and KV in use are the engine's published gauges), 0 when nothing runs.
-        It ignores the running prefills' chunks: :meth:`queued_ahead_tokens` counts them."""
+        It ignores the running prefills' chunks: the work ahead of a turn counts them."""
         running = len(self.engine.running)
         if not running:
             return 0.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from simulator.cluster.base import EngineView, Params, Route, Router, least, register_router
+from simulator.cluster.base import EngineView, Params, Router, TurnRequest, least, register_router
 from simulator.cluster.vllm_router import TreeRouter
 
 __all__ = ["DynamoKv", "LlmdScorers", "SglangCacheAware"]
@@ -44,7 +44,7 @@ class DynamoKv(Router):
             )
         self._bound: dict[str, tuple[int, float]] = {}
 
-    def _cost(self, e: EngineView, request: Route, bound: int | None) -> float:
+    def _cost(self, e: EngineView, request: TurnRequest, bound: int | None) -> float:
         size = e.block_size()
         overlap = min(e.cached_tokens(request.program_id), request.prompt_tokens) // size
         if bound == e.engine_id and self.affinity == "soft":
@@ -53,7 +53,7 @@ class DynamoKv(Router):
         prefill = e.queued_tokens() / size + blocks - overlap * self.overlap_credit
         return self.prefill_load_scale * prefill + e.active_blocks()
 
-    def route(self, request: Route, engines: Sequence[EngineView]) -> EngineView:
+    def route(self, request: TurnRequest, engines: Sequence[EngineView]) -> EngineView:
         bound = self.binding(request.program_id, request.now)
         choice = None
         if bound is not None and self.affinity == "hard":
@@ -129,7 +129,7 @@ class LlmdScorers(Router):
             return None
         return bound[0]
 
-    def route(self, request: Route, engines: Sequence[EngineView]) -> EngineView:
+    def route(self, request: TurnRequest, engines: Sequence[EngineView]) -> EngineView:
         pid = request.program_id
         bound = self.binding(pid, request.now)
         if bound is None or bound not in self._sessions:

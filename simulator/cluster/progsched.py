@@ -23,7 +23,7 @@ from typing import ClassVar
 import numpy as np
 from scipy.stats import norm
 
-from simulator.cluster.base import EngineView, Params, Route, Router, register_router
+from simulator.cluster.base import EngineView, Params, Router, TurnRequest, register_router
 
 __all__ = ["ProgramScheduling", "break_even_ttl", "miss_cost_s"]
 
@@ -109,7 +109,7 @@ class ProgramScheduling(Router):
     def binding(self, program_id: str, now: float) -> int | None:
         return self._home.get(program_id)
 
-    def route(self, request: Route, engines: Sequence[EngineView]) -> EngineView | None:
+    def route(self, request: TurnRequest, engines: Sequence[EngineView]) -> EngineView | None:
         pid = request.program_id
         home = self._home.get(pid)
         if home is None or home not in self._programs:

@@ -17,8 +17,8 @@ from typing import ClassVar
 from simulator.cluster.base import (
     EngineView,
     Params,
-    Route,
     Router,
+    TurnRequest,
     least,
     register_router,
     stable_hash,
@@ -36,7 +36,7 @@ class RoundRobin(Router):
         super().__init__(seed, **params)
         self._next = 0
 
-    def route(self, request: Route, engines: Sequence[EngineView]) -> EngineView:
+    def route(self, request: TurnRequest, engines: Sequence[EngineView]) -> EngineView:
         engine = engines[self._next % len(engines)]
         self._next += 1
         return engine
@@ -51,7 +51,7 @@ class PowerOfTwo(Router):
         super().__init__(seed, **params)
         self._rng = random.Random(seed)
 
-    def route(self, request: Route, engines: Sequence[EngineView]) -> EngineView:
+    def route(self, request: TurnRequest, engines: Sequence[EngineView]) -> EngineView:
         if len(engines) == 1:
             return engines[0]
         pair = self._rng.sample(list(engines), 2)
@@ -85,7 +85,7 @@ class ConsistentHash(Router):
         i = bisect.bisect_right(self._points, stable_hash(key)) % len(self._ring)
         return self._ring[i][1]
 
-    def route(self, request: Route, engines: Sequence[EngineView]) -> EngineView:
+    def route(self, request: TurnRequest, engines: Sequence[EngineView]) -> EngineView:
         owner = self.owner(request.program_id)
         return next(e for e in engines if e.engine_id == owner)
 
@@ -136,7 +136,7 @@ class StickyLeastLoaded(Router):
                 self._drop(pid)
         del self._count[engine.engine_id]
 
-    def route(self, request: Route, engines: Sequence[EngineView]) -> EngineView:
+    def route(self, request: TurnRequest, engines: Sequence[EngineView]) -> EngineView:
         self._sweep(request.now)
         pid = request.program_id
         bound = self._sessions.get(pid)
@@ -206,7 +206,7 @@ class TreeRouter(Router):
     def size(self, engine_id: int, now: float) -> float:
         return float(self._sizes[engine_id])
 
-    def route(self, request: Route, engines: Sequence[EngineView]) -> EngineView:
+    def route(self, request: TurnRequest, engines: Sequence[EngineView]) -> EngineView:
         self.maintain(request.now)
         loads = [e.inflight() for e in engines]
         high, low = max(loads), min(loads)

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from controlplane.cli import main
-from simulator.cluster import ROUTERS, Cluster, Route, TopologyChange, get_router, simulate_cluster
+from simulator.cluster import (
+    ROUTERS,
+    Cluster,
+    TopologyChange,
+    TurnRequest,
+    get_router,
+    simulate_cluster,
+)
 from simulator.cluster.base import EngineView
 from simulator.cluster.vllm_router import ConsistentHash
 from simulator.engine import EngineConfig
@@ -72,12 +79,12 @@ def test_consistent_hash_moves_about_one_key_in_n_and_only_to_the_new_engine() -
 def test_sticky_least_loaded_keeps_sessions_when_an_engine_joins() -> None:
     cluster = Cluster([], "sticky_least_loaded", engines=2)
     router, views = cluster.router, cluster.live
-    first = {f"p{i}": router.route(Route(f"p{i}", 0, 100, 0, 0.0), views) for i in range(4)}
+    first = {f"p{i}": router.route(TurnRequest(f"p{i}", 0, 100, 0, 0.0), views) for i in range(4)}
     assert sorted(e.engine_id for e in first.values() if e is not None) == [0, 0, 1, 1]
     cluster._add(1.0)
-    again = {p: router.route(Route(p, 1, 200, 100, 2.0), cluster.live) for p in first}
+    again = {p: router.route(TurnRequest(p, 1, 200, 100, 2.0), cluster.live) for p in first}
     assert again == first
-    new = router.route(Route("p9", 0, 100, 0, 3.0), cluster.live)
+    new = router.route(TurnRequest("p9", 0, 100, 0, 3.0), cluster.live)
     assert new is not None
     assert new.engine_id == 2  # the fewest active sessions
 
@@ -124,7 +131,7 @@ def test_ttl_aware_spreads_new_programs_by_bound_programs_where_free_kv_piles_th
     by_free_kv: list[int] = []  # what the earlier rule 3 (most free KV) would have picked
     route = router.route
 
-    def spy(request: Route, engines: Sequence[EngineView]) -> EngineView | None:
+    def spy(request: TurnRequest, engines: Sequence[EngineView]) -> EngineView | None:
         choice = route(request, engines)
         if request.turn == 0 and choice is not None:
             placed.append(choice.engine_id)
@@ -151,7 +158,7 @@ def test_ttl_aware_places_a_new_program_by_its_wait_before_bound_programs() -> N
     for event in cluster._deliver(cluster._states[hog.program_id], busy, 1.5):
         cluster.loop.schedule(event)
     cluster.resume(until=1.6)
-    new = Route("new", 0, 100, 0, 1.6)
+    new = TurnRequest("new", 0, 100, 0, 1.6)
     assert busy.queued_ahead_tokens("new", 1.6) > 30_000  # the hog's prefill still to run
     choice = cluster.router.route(new, cluster.live)
     assert choice is not None
@@ -168,12 +175,13 @@ def _first_turns_beside_a_long_decode(router: str) -> tuple[list[int], dict[str,
     placed: list[int] = []
     route = cluster.router.route
 
-    def spy(request: Route, engines: Sequence[EngineView]) -> EngineView | None:
+    def spy(request: TurnRequest, engines: Sequence[EngineView]) -> EngineView | None:
         choice = route(request, engines)
         if request.turn == 0 and choice is not None:
             if request.program_id == "s2":  # both queues are empty: the queued waits tie
-                assert [e.queued_ahead_tokens("s2", request.now) for e in engines] == [0, 0]
-                assert engines[0].step_s() > 0.0 == engines[1].step_s()  # 0 is mid-step
+                live = [cluster.all[e.engine_id] for e in engines]
+                assert [e.queued_ahead_tokens("s2", request.now) for e in live] == [0, 0]
+                assert live[0].step_s() > 0.0 == live[1].step_s()  # 0 is mid-step
             placed.append(choice.engine_id)
         return choice
 
