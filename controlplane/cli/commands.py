@@ -74,8 +74,10 @@ def register(commands: _SubParsers, bench: _SubParsers) -> None:
     _register_tools(commands)
     _register_misses(commands)
     from controlplane.cli.bench import register_bench
+    from controlplane.console.cli import register_console_bench
 
     register_bench(bench)
+    register_console_bench(bench)
 
 
 # -- serve ------------------------------------------------------------------------------
@@ -112,6 +114,9 @@ def _register_serve(commands: _SubParsers) -> None:
     p.add_argument("--tls-cert", type=Path, default=None)
     p.add_argument("--tls-key", type=Path, default=None)
     p.add_argument("--tls-client-ca", type=Path, default=None, help="require client certs")
+    from controlplane.console.cli import add_console_flags
+
+    add_console_flags(p)  # --console HOST:PORT, the read-only web console
     p.set_defaults(handler=_serve)
 
 
@@ -173,7 +178,13 @@ def _serve(args: argparse.Namespace) -> int:
         auth=auth,
     )
     try:
-        asyncio.run(serve(plane, options))
+        if args.console:
+            from controlplane.console.cli import console_options
+            from controlplane.console.host import serve_with_console
+
+            asyncio.run(serve_with_console(plane, options, console_options(args)))
+        else:
+            asyncio.run(serve(plane, options))
     finally:
         store.close()
     return 0

@@ -1,0 +1,164 @@
+"""Serving the console beside a running gRPC server, in its process and event loop.
+
+``Console(server, options)`` reads the server's ``ControlPlane`` and servicer (the token
+cache, snapshots sent, the pin-coherence hub); ``start()`` binds uvicorn on the same event
+loop and starts sampling η and T; ``stop()`` ends both. uvicorn's own signal handling is
+off: the control plane's ``serve`` owns SIGTERM and SIGINT and stops the console with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import uvicorn
+
+from controlplane.console.app import make_app
+from controlplane.console.sessions import Sessions
+from controlplane.console.views import Sources
+from controlplane.console.watch import History
+from controlplane.rpc.server import ControlPlaneServer, ServerOptions
+
+__all__ = ["Console", "ConsoleOptions", "serve_with_console"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConsoleOptions:
+    """Where the console listens, its admin token (None: no admin), and how often η and
+    T are sampled and how many samples each tenant keeps."""
+
+    listen: str = "127.0.0.1:8080"
+    admin_token: str | None = None
+    history_interval_s: float = 5.0
+    history_keep: int = 720
+
+    def host_port(self) -> tuple[str, int]:
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"--console: expected HOST:PORT, got {self.listen!r}")
+        return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers (the control plane's ``serve`` has them)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class Console:
+    """The console of one running ``ControlPlaneServer`` (``start``/``stop``)."""
+
+    def __init__(self, server: ControlPlaneServer, options: ConsoleOptions | None = None) -> None:
+        self.options = options or ConsoleOptions()
+        self.server = server
+        self.port = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._uvicorn: _Server | None = None
+
+    async def start(self) -> int:
+        """Bind and serve (after the gRPC server started); returns the bound port."""
+        servicer = self.server._servicer  # built by start(): the one the RPCs use
+        src = Sources(self.server.plane, servicer, History(self.options.history_keep))
+        src.moves.attach(servicer.coherence)
+        self.sources = src
+        sessions = Sessions(servicer.tenants, self.options.admin_token)
+        host, port = self.options.host_port()
+        tls = self.server.options.tls
+        self.app = make_app(src, sessions)
+        config = uvicorn.Config(
+            self.app,
+            host=host,
+            port=port,
+            log_config=None,
+            lifespan="off",
+            ssl_certfile=str(tls.cert) if tls else None,
+            ssl_keyfile=str(tls.key) if tls else None,
+            server_header=False,
+        )
+        try:  # bound here, so that a taken address is one clear error
+            sock = socket.create_server((host, port), family=_family(host))
+        except OSError as error:
+            raise ValueError(f"--console: cannot bind {self.options.listen!r}: {error}") from None
+        self.port = sock.getsockname()[1]
+        self._uvicorn = _Server(config)
+        self._tasks = [
+            asyncio.create_task(self._uvicorn.serve(sockets=[sock])),
+            asyncio.create_task(self._sample()),
+        ]
+        while not self._uvicorn.started and not self._tasks[0].done():
+            await asyncio.sleep(0.01)
+        return self.port
+
+    async def _sample(self) -> None:
+        """Every ``history_interval_s``: η, T and counts of every active tenant."""
+        plane, history = self.server.plane, self.sources.history
+        while True:
+            try:
+                tenants = await asyncio.to_thread(plane.store.list_tenants)
+                now = time.time()
+                for t in tenants:
+                    if t.revoked_at is None:
+                        v = plane.workload_stats(t.name)
+                        history.add(
+                            t.name,
+                            now,
+                            eta=v.eta,
+                            queue_delay_s=v.queue_delay_s,
+                            programs=v.programs_completed,
+                            tool_calls=v.tool_calls,
+                        )
+            except Exception:  # the database may be down a while: sample again later
+                log.exception("console: sampling η and T failed")
+            await asyncio.sleep(self.options.history_interval_s)
+
+    async def stop(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        for task in self._tasks:
+            if task is not self._tasks[0]:
+                task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def serve_with_console(
+    plane: object, options: ServerOptions, console: ConsoleOptions
+) -> None:
+    """``controlplane.rpc.server.serve`` with the console beside the gRPC server."""
+    import signal
+
+    from controlplane.service import ControlPlane
+
+    assert isinstance(plane, ControlPlane)
+    server = ControlPlaneServer(plane, options)
+    port = await server.start()
+    web = Console(server, console)
+    try:
+        web_port = await web.start()
+    except BaseException:
+        await server.stop()
+        raise
+    print(f"cachettl control plane on port {port} (policy {plane.policy_name})", flush=True)
+    print(f"cachettl console on port {web_port}", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    print("cachettl control plane: shutting down", flush=True)
+    await web.stop()
+    await server.stop()
