@@ -306,7 +306,9 @@ def _type_name(field: Any) -> str:
     return f"`{_FIELD_TYPES.get(field.type, str(field.type))}`"
 
 
-def _message(lines: list[str], message: Any, path: tuple[int, ...], notes: dict[Any, str], prefix: str) -> None:
+def _message(
+    lines: list[str], message: Any, path: tuple[int, ...], notes: dict[Any, str], prefix: str
+) -> None:
     name = prefix + message.name
     lines.append(f"### {name} {{#{_anchor(name.replace('.', ''))}}}\n\n")
     if notes.get(path):
@@ -331,7 +333,9 @@ def _message(lines: list[str], message: Any, path: tuple[int, ...], notes: dict[
         _enum(lines, enum_, (*path, 4, i), notes, f"{name}.")
 
 
-def _enum(lines: list[str], enum_: Any, path: tuple[int, ...], notes: dict[Any, str], prefix: str) -> None:
+def _enum(
+    lines: list[str], enum_: Any, path: tuple[int, ...], notes: dict[Any, str], prefix: str
+) -> None:
     name = prefix + enum_.name
     lines.append(f"### {name} {{#{_anchor(name.replace('.', ''))}}}\n\n")
     if notes.get(path):

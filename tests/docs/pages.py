@@ -58,8 +58,13 @@ def blocks(path: Path) -> list[Block]:
         marked = _MARKER.match(lines[j].strip()) if j >= 0 else None
         language = match.group("info").strip().split(" ")[0]
         found.append(
-            Block(language, "\n".join(body) + "\n", marked.group("kind") if marked else "",
-                  section, start + 1)
+            Block(
+                language,
+                "\n".join(body) + "\n",
+                marked.group("kind") if marked else "",
+                section,
+                start + 1,
+            )
         )
         i += 1
     return found
@@ -68,9 +73,7 @@ def blocks(path: Path) -> list[Block]:
 def shell_blocks(path: Path, section: str | None = None) -> list[Block]:
     """The shell blocks of ``path`` (of one ``##`` section when given)."""
     return [
-        b
-        for b in blocks(path)
-        if b.language in SHELL and (section is None or b.section == section)
+        b for b in blocks(path) if b.language in SHELL and (section is None or b.section == section)
     ]
 
 

@@ -128,7 +128,8 @@ def test_one_engine_pins_and_hits(tmp_path: Path) -> None:
     out = run(DEPLOY, tmp_path / "engine", ONE_ENGINE)
     assert re.search(r"^x-cachettl-pinned: true\r?$", out, re.M | re.I), out
     cached = [int(n) for n in re.findall(r'"cached_tokens":(\d+)', out)]
-    assert cached and cached[0] >= 32, out
+    assert cached, out
+    assert cached[0] >= 32, out
     assert _metric(out, "cachettl_pins_taken_total") == [1.0], out
     assert _metric(out, "cachettl_pinned_prefix_hits_total") == [1.0], out
     assert _metric(out, "cachettl_model_version"), out  # the control plane's /metrics answered
@@ -138,9 +139,11 @@ def test_cluster_behind_vllm_router_pins_and_hits(tmp_path: Path) -> None:
     out = run(DEPLOY, tmp_path / "cluster", CLUSTER)
     assert re.search(r"^x-cachettl-pinned: true\r?$", out, re.M | re.I), out
     engines = re.findall(r"^x-cachettl-engine: (\S+)", out, re.M | re.I)
-    assert len(engines) == 2 and engines[0] == engines[1], out  # both turns on one engine
+    assert len(engines) == 2, out
+    assert engines[0] == engines[1], out  # both turns on one engine
     cached = [int(n) for n in re.findall(r'"cached_tokens":(\d+)', out)]
-    assert cached and cached[0] >= 32, out
+    assert cached, out
+    assert cached[0] >= 32, out
     assert sorted(_metric(out, "cachettl_pins_taken_total")) == [0.0, 1.0], out
     assert sorted(_metric(out, "cachettl_pinned_prefix_hits_total")) == [0.0, 1.0], out
     router_lines = out.strip().splitlines()[-1]
