@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
 
 from controlplane.records import ProgramEnd, ToolCall
-from controlplane.wire import seconds
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
-from enginehook.link.snapshot import SnapshotData, models_from_snapshot
+from enginehook.link.snapshot import SnapshotData, SnapshotFollower, follow, models_from_snapshot
 from enginehook.link.spill import EventBuffer, claim_spill_dir, default_spill_dir
 
 if TYPE_CHECKING:
@@ -429,6 +428,7 @@ class GrpcTransport:
         allow_plaintext_token: bool = False,
     ) -> None:
         self._client = checked_client(target, token, timeout_s, tls, allow_plaintext_token)
+        self._follower = SnapshotFollower()  # compact snapshots: deltas merged here
 
     @staticmethod
     def _check(exc: Exception) -> None:
@@ -461,21 +461,9 @@ class GrpcTransport:
             raise
 
     def watch(self, after_version: int) -> Iterator[SnapshotData]:
-        from enginehook.link.snapshot import SnapshotModel
-
-        for r in self._client.watch_snapshots(after_version):
-            models = [
-                SnapshotModel(
-                    m.tool_name,
-                    m.signature,
-                    m.level,
-                    list(m.sorted_durations_seconds),
-                    m.sample_count,
-                )
-                for m in r.models
-            ]
-            delay = seconds(r.queue_delay)
-            yield SnapshotData(r.version, models, r.eta, delay, r.min_samples)
+        """Whole snapshots: compact ones with their deltas merged
+        (:func:`enginehook.link.snapshot.follow`)."""
+        yield from follow(self._client, after_version, self._follower)
 
     def close(self) -> None:
         self._client.close()
