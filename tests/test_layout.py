@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +50,10 @@ def test_no_function_over_60_lines() -> None:
 # module or a package: ``controlplane.rpc`` holds ``controlplane.rpc.server``). A part may
 # import itself, the parts in ``may_import`` and any outside library except those in
 # ``forbid``. Imports are read with ``ast``: module level, inside functions, under
-# ``TYPE_CHECKING`` and ``importlib.import_module("literal")`` all count.
+# ``TYPE_CHECKING``, ``importlib.import_module("literal")``, ``__import__("literal")`` and any
+# string that is the dotted path of a module of ours (``"a.b"`` or ``"a.b:attr"``: a name
+# kept for a later dynamic import) all count. Entry points (``pyproject.toml``) are run-time
+# imports by the module that loads their group: see ``test_entry_points_follow_the_layers``.
 
 LAYER_PACKAGES = ("estimator", "controlplane", "enginehook", "simulator")
 
@@ -84,7 +89,7 @@ PARTS = (
         "cp domain", tuple(f"controlplane.{n}" for n in _DOMAIN), (*_CONTROLPLANE[:2], "estimator")
     ),
     Part("cp rpc", ("controlplane.rpc",), (*_CONTROLPLANE[:3], "estimator")),
-    # The cli's face loads each package's ``commands`` module by name (plugin registration).
+    # The cli's face loads the ``cachettl.commands`` entry points, naming no package.
     Part("cp cli", ("controlplane",), (*_CONTROLPLANE, "estimator")),
     Part("enginehook core", ("enginehook.core",), ("cp vocabulary", "estimator"), forbid=("vllm",)),
     Part("enginehook hints", ("enginehook.hints",), (*_CORE, *_CONTROLPLANE, "estimator")),
@@ -144,6 +149,7 @@ def _imported(path: Path, module: str) -> Iterator[tuple[int, str]]:
     """(line, dotted name) of every import in ``path``; ``from a import b`` names ``a.b``
     when that is a module of ours, else ``a``."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    read: set[int] = set()  # the literals of import calls, counted once
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             yield from ((node.lineno, alias.name) for alias in node.names)
@@ -157,13 +163,25 @@ def _imported(path: Path, module: str) -> Iterator[tuple[int, str]]:
                 yield node.lineno, full if full in MODULES else base
         elif (
             isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "import_module"
+            and _called(node.func) in ("import_module", "__import__")
             and node.args
             and isinstance(node.args[0], ast.Constant)
             and isinstance(node.args[0].value, str)
         ):
+            read.add(id(node.args[0]))
             yield node.lineno, node.args[0].value
+        elif (
+            isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in read
+        ):
+            named = node.value.partition(":")[0]
+            if "." in named and named in MODULES:
+                yield node.lineno, named
+
+
+def _called(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
 
 
 def _ours(name: str) -> str | None:
@@ -279,9 +297,13 @@ def test_the_layering_check_sees_hidden_imports(tmp_path: Path) -> None:
         "def f():\n    import vllm.v1.request\n"
         "    return importlib.import_module('enginehook.link.remote')\n"
         "from . import wire\n"
+        "g = __import__('simulator.sim')\n"
+        "LATER = ('simulator.studies.commands', 'enginehook.routing.ray:TtlAwareRequestRouter')\n"
+        "NOT_A_MODULE = ('enginehook', 'simulator.nope', 'estimator.ttl is pure')\n"
     )
     names = sorted(name for _, name in _imported(source, "controlplane.probe"))
     expected = ["controlplane.wire", "enginehook.core.pins", "enginehook.link.remote"]
+    expected += ["simulator.sim", "simulator.studies.commands", "enginehook.routing.ray"]
     assert names == sorted([*expected, "typing", "vllm.v1.request"])
     assert _cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [
         ["a", "b", "c"]
@@ -298,3 +320,76 @@ def test_proto_headers_name_the_real_generation_command() -> None:
         if command[-1:] != ["scripts/gen_proto.py"] or not (ROOT / command[-1]).is_file():
             wrong.append(f"{proto.relative_to(ROOT)}: {lines}")
     assert wrong == []
+
+
+def _entry_points() -> dict[str, dict[str, str]]:
+    """``{group: {name: "module:attr"}}`` as ``pyproject.toml`` declares them."""
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        groups: dict[str, dict[str, str]] = tomllib.load(handle)["project"].get("entry-points", {})
+    return groups
+
+
+def _loaders(group: str) -> list[str]:
+    """The modules of ours that name ``group`` (and so load its entry points)."""
+    return [
+        module
+        for module, path in MODULES.items()
+        if any(
+            isinstance(node, ast.Constant) and node.value == group
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    ]
+
+
+def test_entry_points_follow_the_layers() -> None:
+    """An entry point is imported at run time by the module that loads its group. That
+    edge must follow the layers one way or the other: the loader may import the target (an
+    ordinary downward import), or the target may import the loader (a plugin registering
+    itself into a host below it, which names no plugin). A loader that reaches across the
+    layers through an entry point fails here."""
+    groups = _entry_points()
+    assert groups, "pyproject.toml declares no entry points"
+    broken = []
+    for group, entries in groups.items():
+        loaders = _loaders(group)
+        assert loaders, f"no module of ours loads the entry-point group {group!r}"
+        for name, target in entries.items():
+            module = target.partition(":")[0]
+            assert module in MODULES, f"{group}.{name}: {module} is not a module of ours"
+            low, high = _part(module), None
+            for loader in loaders:
+                high = _part(loader)
+                down = {high.name, *high.may_import}
+                up = {low.name, *low.may_import}
+                if not ("*" in down or low.name in down or "*" in up or high.name in up):
+                    broken.append(f"{group}.{name} = {target}: {high.name} <-> {low.name}")
+    assert broken == []
+
+
+def test_the_cli_offers_every_command_through_its_entry_points() -> None:
+    """Every package's subcommands reach ``cachettl`` through the installed entry points
+    (the metadata the editable install or the wheel carries), none by a module name."""
+    from importlib.metadata import entry_points
+
+    from controlplane.cli import GROUP, build_parser
+
+    declared = {name: target for name, target in _entry_points()[GROUP].items()}
+    installed = {ep.name: ep.value for ep in entry_points(group=GROUP)}
+    assert installed == declared, "reinstall the package: pip install --no-deps -e ."
+
+    def choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        sub = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return dict(sub[0].choices) if sub else {}
+
+    top = choices(build_parser())
+    offered = {f"{name} {sub}".strip() for name, p in top.items() for sub in [*choices(p), ""]}
+    expected = {
+        "serve", "db upgrade", "tenants create", "tenants list", "tenants revoke",
+        "tools list", "tools show", "misses", "simulate", "trace generate", "trace stats",
+        "demo",
+        *(f"bench {b}" for b in (
+            "ablation", "agent", "cluster", "controlplane", "estimator", "fidelity",
+            "frontier", "learning", "policies", "router", "seeds", "simulator", "vllm",
+        )),
+    }  # fmt: skip
+    assert expected - offered == set()

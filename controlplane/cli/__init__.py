@@ -1,26 +1,23 @@
 """The ``cachettl`` command line.
 
-Each package contributes its subcommands through a ``commands`` module with a
-``register(commands, bench)`` function; handlers import their heavy dependencies lazily so
-that ``cachettl --help`` stays fast.
+Each package contributes its subcommands with a ``register(commands, bench)`` function,
+declared as an entry point of the group :data:`GROUP` (``pyproject.toml``,
+``[project.entry-points."cachettl.commands"]``); this module loads the group and names no
+package, so the control plane depends on none of them. Handlers import their heavy
+dependencies lazily so that ``cachettl --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
-__all__ = ["build_parser", "main"]
+__all__ = ["GROUP", "build_parser", "main"]
 
-#: Modules whose ``register(commands, bench)`` adds subcommands.
-COMMAND_MODULES = (
-    "estimator.commands",
-    "controlplane.cli.commands",
-    "simulator.studies.commands",
-    "enginehook.tools.commands",
-)
+#: The entry-point group whose ``register(commands, bench)`` functions add subcommands.
+GROUP = "cachettl.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench_parser = commands.add_parser("bench", help="benchmarks that print figures")
     bench = bench_parser.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(commands, bench)
+    registered = sorted(entry_points(group=GROUP), key=lambda ep: ep.name)
+    if not registered:
+        raise RuntimeError(
+            f"no subcommands are registered in the entry-point group {GROUP!r}: install the "
+            "package (pip install -e .) so that its metadata declares them"
+        )
+    for entry in registered:
+        entry.load()(commands, bench)
     return parser
 
 
