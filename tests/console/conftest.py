@@ -7,13 +7,18 @@ and ``s1``..``s4`` (share ``grep``, so that a shared model of it is published).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import random
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from controlplane.console.bench import Client
@@ -26,6 +31,7 @@ from controlplane.records import (
     ToolCall,
     TurnCache,
 )
+from controlplane.rpc.client import ControlPlaneClient
 from controlplane.rpc.server import ServerOptions
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
@@ -107,6 +113,32 @@ def fill(plane: ControlPlane) -> dict[str, str]:
     return tokens
 
 
+async def _watch(hub: Any, tenant: str, engine: str) -> asyncio.Task[None]:
+    """An engine watching its moves (as ``WatchMoves`` does), until cancelled."""
+
+    async def watch() -> None:
+        async for _ in hub.watch(tenant, engine):
+            pass
+
+    task = asyncio.create_task(watch())
+    await asyncio.sleep(0)  # registered as a watcher
+    return task
+
+
+def _follow(client: ControlPlaneClient) -> None:
+    """An engine's snapshot stream, held open until the client's channel closes."""
+    with contextlib.suppress(grpc.RpcError):
+        for _ in client.watch_snapshots(timeout_s=600):
+            pass
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     path: Path = tmp_path_factory.mktemp("console") / "cachettl.sqlite3"
@@ -123,9 +155,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for engine in engines:
             arrived = [(f"{tenant}-prog-{i}", time.time()) for i in range(5)]
             thread.run(hub.report(tenants[tenant], engine, arrived))
+    watching = thread.run(_watch(hub, "acme", "engine-b"))
+    moved = [(f"acme-prog-{i}", time.time()) for i in range(3)]
+    thread.run(hub.report(tenants["acme"], "engine-a", moved))  # told to engine-b
+    snapshots = ControlPlaneClient(thread.target, tokens["acme"])
+    streaming = threading.Thread(target=_follow, args=(snapshots,), daemon=True)
+    streaming.start()
+    _wait_for(lambda: thread.server._servicer._latest.get("acme") is not None)
     try:
         yield Cluster(plane, thread, console, tokens)
     finally:
+        thread.loop.call_soon_threadsafe(watching.cancel)
+        snapshots.close()
         thread.run(console.stop())
         thread.stop()
         store.close()

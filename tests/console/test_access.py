@@ -105,6 +105,18 @@ def test_a_tenant_sees_its_own_and_the_published_shared_models(cluster: Cluster)
     assert rival["tools"] == []
 
 
+def test_engines_show_links_moves_and_the_snapshot_streamed(cluster: Cluster) -> None:
+    data = json.loads(cluster.client("acme").get("/api/engines")[1])
+    engines = {e["engine"]: e for e in data["engines"]}
+    assert set(engines) == {"engine-a", "engine-b"}
+    assert engines["engine-b"]["watching"] == 1
+    assert engines["engine-b"]["moves"] == 3  # the three programs that left it
+    assert engines["engine-a"]["programs"] == 3
+    assert data["snapshot_sent"] is not None
+    assert data["snapshot_lag"] == data["version"] - data["snapshot_sent"]
+    assert data["streams"] >= 1
+
+
 def test_the_admin_sees_every_tenant(cluster: Cluster) -> None:
     admin = cluster.client(None)
     names = [t["name"] for t in json.loads(admin.get("/api/tenants")[1])["tenants"]]

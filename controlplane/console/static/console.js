@@ -52,7 +52,9 @@
     };
   }
   const logX = { x: { time: false, distr: 3, log: 10 } };
-  const logAxis = { values: (u, ticks) => ticks.map(secs) };
+  // Log axes: a label at each power of ten only (the other ticks stay unlabelled).
+  const decade = (v) => v != null && Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-6;
+  const logAxis = { values: (u, ticks) => ticks.map((v) => (decade(v) ? secs(v) : "")) };
 
   function distribution(d, decision) {
     if (!d) return;
