@@ -91,7 +91,7 @@ def _log_in(page: Page, base: str, token: str) -> None:
 def test_a_tenant_sees_its_tool_with_the_ttl_on_its_cdf(
     cluster: Cluster, browser: Browser, shots: Path
 ) -> None:
-    base, errors = f"http://127.0.0.1:{cluster.port}", []
+    base, errors = f"http://127.0.0.1:{cluster.port}", list[str]()
     page = _page(browser, errors)
     page.goto(base + "/tools")  # not logged in: the login page says so
     assert "not logged in" in page.inner_text("#login-error")
@@ -146,7 +146,7 @@ def test_a_tenant_sees_its_tool_with_the_ttl_on_its_cdf(
 
 
 def test_the_admin_sees_the_tenants(cluster: Cluster, browser: Browser, shots: Path) -> None:
-    base, errors = f"http://127.0.0.1:{cluster.port}", []
+    base, errors = f"http://127.0.0.1:{cluster.port}", list[str]()
     page = _page(browser, errors)
     _log_in(page, base, ADMIN)
     page.wait_for_url(base + "/tenants")
