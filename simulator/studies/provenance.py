@@ -68,9 +68,11 @@ def earlier(path: Path, command: str, kind: str = "") -> dict[str, Any]:
     """The record of ``path`` as it stands: made by ``command`` at the last commit that
     changed it, not regenerated since (its load was not recorded). ``kind`` ``frozen``:
     figures of code that has changed since, kept as a comparison."""
-    log = _git(
+    log = _git(  # the last commit that changed its content (a move changes no figure)
         "log",
         "-1",
+        "--follow",
+        "--diff-filter=AM",
         "--format=%h %cd",
         "--date=format:%Y-%m-%d %H:%M",
         "--",
@@ -99,7 +101,7 @@ def _sentence(record: dict[str, Any]) -> str:
     if not record.get("regenerated", True):
         return (
             f"> Made by `{command}`. The figures are from commit `{commit}` ({date}, the last "
-            "commit that changed this file) and were not regenerated since; the machine's "
+            "commit that changed them) and were not regenerated since; the machine's "
             "load was not recorded. `scripts/results` reruns the command."
         )
     load = " / ".join(f"{x:g}" for x in record["load"])
