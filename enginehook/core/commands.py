@@ -16,15 +16,20 @@ contract, engine-independent:
   within the rules' cap), ``expired`` when it held none by then (its pin had expired, been
   hit or released), ``failed`` when applying raised.
 - :meth:`PinCommands.get` returns a command by id while it is among the newest
-  :data:`HISTORY` (a router polls it). Both it and ``submit`` return a JSON-ready copy
-  taken under the lock (the HTTP threads never see a command half settled).
+  :data:`HISTORY` (a router polls it). Ids are random (122 bits of a UUID 4), never
+  sequential: one id tells nothing of another command's, so no one reads another
+  router's sessions by counting, and ids never collide across engines. Both it and
+  ``submit`` return a JSON-ready copy taken under the lock (the HTTP threads never see a command half settled).
 
 Nothing here blocks the scheduler: the queue is a lock-guarded deque it swaps out in one
 step, and an engine with nothing queued pays one truthiness test.
 
 >>> commands = PinCommands()
->>> commands.submit("drop", "s1", now=10.0)
-{'id': 'c1', 'action': 'drop', 'session': 's1', 'state': 'accepted'}
+>>> answer = commands.submit("drop", "s1", now=10.0)
+>>> answer["state"], answer["session"], len(answer["id"])
+('accepted', 's1', 33)
+>>> commands.get(answer["id"])["state"]
+'accepted'
 >>> commands.submit("offload", "s1", now=10.0)["state"]
 'unsupported'
 >>> commands.submit("extend", "s1", now=10.0, ttl_s=-1.0)["detail"]
@@ -33,9 +38,9 @@ step, and an engine with nothing queued pays one truthiness test.
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
+import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,7 +118,6 @@ class PinCommands:
         self._lock = threading.Lock()
         self._queue: deque[PinCommand] = deque()
         self._history: OrderedDict[str, PinCommand] = OrderedDict()
-        self._ids = itertools.count(1)
 
     def __bool__(self) -> bool:
         return bool(self._queue)
@@ -123,7 +127,7 @@ class PinCommands:
     ) -> dict[str, Any]:
         """Take one command (any thread); its ``state`` is the immediate answer."""
         with self._lock:
-            command = PinCommand(f"c{next(self._ids)}", action, session, ttl_s, now)
+            command = PinCommand(f"c{uuid.uuid4().hex}", action, session, ttl_s, now)
             state, detail = self._check(command)
             command.state, command.detail = state, detail
             if state != "accepted":
@@ -157,6 +161,11 @@ class PinCommands:
         elif command.ttl_s is not None:
             return "rejected", "drop takes no ttl_seconds"
         return "accepted", ""
+
+    def ids(self) -> list[str]:
+        """The ids of the commands kept, oldest first."""
+        with self._lock:
+            return list(self._history)
 
     def get(self, command_id: str) -> dict[str, Any] | None:
         with self._lock:

@@ -35,6 +35,7 @@ __all__ = [
     "CONFIG_KEY",
     "CPU_TIER_CONNECTORS",
     "CPU_TIER_SETTINGS",
+    "PIN_COMMAND_TOKEN_ENV",
     "TOKEN_ENV",
     "CpuTierSetting",
     "HookConfig",
@@ -46,6 +47,9 @@ logger = logging.getLogger("enginehook")
 
 #: The environment variable the control-plane token is read from (unless ``token_file``).
 TOKEN_ENV = "CACHETTL_TOKEN"
+#: The environment variable the pin-command token is read from (unless
+#: ``pin_command_token_file``).
+PIN_COMMAND_TOKEN_ENV = "CACHETTL_PIN_COMMAND_TOKEN"
 
 #: The key under vLLM's ``additional_config`` that holds the hook's settings.
 CONFIG_KEY = "cachettl"
@@ -107,7 +111,14 @@ class HookConfig:
     vLLM version that was not tested even when its internals match (off: start with a
     warning). ``event_log``: a JSON Lines file that
     receives every tool-call and program-end event (empty: none). ``metrics_listen``:
-    ``host:port`` where the hook serves ``/metrics`` in Prometheus format (empty: off).
+    ``host:port`` where the hook serves ``/metrics`` in Prometheus format and routers' pin
+    commands (empty: off). ``pin_command_token``: the credential pin commands (and their
+    outcomes) need on that endpoint, scoped to them and never the control-plane token; read
+    from ``pin_command_token_file`` or :data:`PIN_COMMAND_TOKEN_ENV` like ``token`` (unset:
+    commands only from loopback peers). ``endpoint_tls_cert_file`` /
+    ``endpoint_tls_key_file``: serve that endpoint over TLS. A token sent over plain HTTP
+    from a peer that is not on loopback is refused (403) unless
+    ``allow_plaintext_pin_commands`` is on.
     ``idle_program_s``: a program whose tool call has not returned for this long is
     forgotten, and its end reported with the turns it was served. ``cpu_tier``: whether
     a miss is priced as a reload from a CPU copy of the KV instead of a full prefill:
@@ -135,6 +146,11 @@ class HookConfig:
     coherence: bool = True
     event_log: str = ""
     metrics_listen: str = ""
+    pin_command_token: str = field(default="", repr=False)
+    pin_command_token_file: str = ""
+    endpoint_tls_cert_file: str = ""
+    endpoint_tls_key_file: str = ""
+    allow_plaintext_pin_commands: bool = False
     idle_program_s: float = 3600.0
     cpu_tier: str = "auto"
     strict_vllm_version: bool = False
@@ -154,7 +170,12 @@ class HookConfig:
             raise ValueError(f"{_PREFIX}.min_samples must be an integer, got {self.min_samples!r}")
         if not isinstance(self.policy_params, Mapping):
             raise ValueError(f"{_PREFIX}.policy_params must be an object")
-        for name in ("allow_plaintext_token", "strict_vllm_version", "coherence"):
+        for name in (
+            "allow_plaintext_token",
+            "allow_plaintext_pin_commands",
+            "strict_vllm_version",
+            "coherence",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{_PREFIX}.{name} must be true or false")
         spill = self.spill_max_bytes
@@ -164,6 +185,15 @@ class HookConfig:
             raise ValueError(f"{_PREFIX}.tls_cert_file and tls_key_file go together")
         if self.tls_cert_file and not self.tls_ca_file:
             raise ValueError(f"{_PREFIX}.tls_cert_file needs tls_ca_file (the server's CA)")
+        if bool(self.endpoint_tls_cert_file) != bool(self.endpoint_tls_key_file):
+            raise ValueError(
+                f"{_PREFIX}.endpoint_tls_cert_file and endpoint_tls_key_file go together"
+            )
+        if self.pin_command_token and self.pin_command_token == self.token:
+            raise ValueError(
+                f"{_PREFIX}.pin_command_token must not be the control-plane token: it is "
+                "sent by routers and scoped to pin commands"
+            )
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -200,6 +230,18 @@ class HookConfig:
             values["token"] = read_token(str(values["token_file"]))
         else:
             values["token"] = os.environ.get(TOKEN_ENV, "").strip()
+        if values.get("pin_command_token"):
+            logger.warning(
+                "%s.pin_command_token is given literally: vLLM logs its arguments; use "
+                "pin_command_token_file or $%s instead",
+                _PREFIX,
+                PIN_COMMAND_TOKEN_ENV,
+            )
+        elif values.get("pin_command_token_file"):
+            where = f"{_PREFIX}.pin_command_token_file"
+            values["pin_command_token"] = read_token(str(values["pin_command_token_file"]), where)
+        else:
+            values["pin_command_token"] = os.environ.get(PIN_COMMAND_TOKEN_ENV, "").strip()
         return cls(**values)
 
 

@@ -22,7 +22,11 @@ The router does not poll the settlement: a dropped pin leaves the holder's publi
 and the router reads holders from there only.
 
 The token (``Authorization: Bearer``) is the router's own setting, never read from the
-replicas' stats: stats are broadcast to every router.
+replicas' stats: stats are broadcast to every router. It is the hooks' pin-command token
+(their ``pin_command_token``, scoped to pin commands), never a control-plane token, and it
+is not sent over plain HTTP to a host that is not on loopback (counted ``insecure``)
+unless ``allow_plaintext`` is on; an ``https://`` endpoint is checked against ``ca_file``
+when given (else the system's CAs).
 
 >>> drops = PinDrops()
 >>> drops.escaped("p", "replica-1", endpoint=None, expires_at=40.0)
@@ -34,8 +38,10 @@ replicas' stats: stats are broadcast to every router.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import logging
 import queue
+import ssl
 import threading
 from collections import Counter, OrderedDict
 from urllib.parse import quote, urlsplit
@@ -66,7 +72,8 @@ MAX_TOLD = 4_096
 #: ``busy`` (429), ``unsupported`` (501: the holder's hook is off or passing through),
 #: ``forbidden`` (403: the token is missing or wrong, or the router is not on loopback to a
 #: hook without one), ``failed`` (any other answer), ``unreachable`` (no connection or no
-#: answer within the timeout).
+#: answer within the timeout), ``insecure`` (not sent: a token over plain HTTP to a host
+#: that is not on loopback).
 OUTCOMES = (
     "no_endpoint",
     "repeated",
@@ -77,6 +84,7 @@ OUTCOMES = (
     "busy",
     "unsupported",
     "forbidden",
+    "insecure",
     "failed",
     "unreachable",
 )
@@ -109,8 +117,10 @@ def check_endpoint(value: object, where: str) -> str:
 class PinDrops:
     """Drops of escaped pins, queued on the routing path and posted by one worker thread.
 
-    ``token``: the hooks' bearer token (empty: none; a hook without one answers loopback
-    only). :meth:`counts` reads the outcomes from any thread."""
+    ``token``: the hooks' pin-command token (empty: none; a hook without one answers
+    loopback only). ``ca_file``: the CA that signed the hooks' endpoint certificates
+    (``https://`` endpoints). ``allow_plaintext``: send the token over plain HTTP to hosts
+    not on loopback. :meth:`counts` reads the outcomes from any thread."""
 
     def __init__(
         self,
@@ -118,12 +128,17 @@ class PinDrops:
         timeout_s: float = DROP_TIMEOUT_S,
         max_queued: int = MAX_QUEUED,
         max_told: int = MAX_TOLD,
+        *,
+        ca_file: str = "",
+        allow_plaintext: bool = False,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if max_queued < 1 or max_told < 1:
             raise ValueError(f"max_queued and max_told must be >= 1, got {max_queued}, {max_told}")
         self.token = token
+        self.allow_plaintext = allow_plaintext
+        self._tls = ssl.create_default_context(cafile=ca_file or None)
         self.timeout_s = timeout_s
         self.max_queued = max_queued
         self.max_told = max_told
@@ -191,10 +206,15 @@ class PinDrops:
 
     def _post(self, endpoint: str, program: str) -> tuple[str, str]:
         parts = urlsplit(endpoint)
-        kind = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
-        connection = kind(parts.netloc, timeout=self.timeout_s)
+        connection: http.client.HTTPConnection
+        if parts.scheme == "https":
+            connection = http.client.HTTPSConnection(
+                parts.netloc, timeout=self.timeout_s, context=self._tls
+            )
+        else:
+            if self.token and not self.allow_plaintext and not _loopback(parts.hostname or ""):
+                return "insecure", "a token over plain HTTP to a host not on loopback"
+            connection = http.client.HTTPConnection(parts.netloc, timeout=self.timeout_s)
         path = f"{parts.path}{PINS_PATH}{quote(program, safe='')}:drop"
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
@@ -222,3 +242,12 @@ class PinDrops:
                 outcome,
             )
         return outcome
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -136,8 +136,8 @@ class ClusterEngine:
 
     def drop_pin(self, session: str) -> Any:
         """Ask the hook to drop ``session``'s pin (its pin-command endpoint, with the hook's
-        bearer token when it has one); the endpoint's answer."""
-        token_file = (self.hook or {}).get("token_file")
+        pin-command token when it has one); the endpoint's answer."""
+        token_file = (self.hook or {}).get("pin_command_token_file")
         token = read_token(token_file) if token_file else ""
         session = urllib.parse.quote(session, safe="")
         url = f"http://127.0.0.1:{self.metrics_port}/cachettl/pins/{session}:drop"

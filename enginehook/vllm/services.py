@@ -16,10 +16,10 @@ from enginehook.core.decide import TtlDecider
 from enginehook.core.lifecycle import FinishedTurn
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
 from enginehook.link.sinks import EventSink, build_sink
-from enginehook.vllm.metrics import HookMetrics, serve_metrics
+from enginehook.vllm.metrics import EndpointAccess, HookMetrics, serve_metrics
 from estimator import Decision, RequestFacts
 
-__all__ = ["HookServices"]
+__all__ = ["HookServices", "cold_start_warning", "linked_line"]
 
 logger = logging.getLogger("enginehook")
 
@@ -50,11 +50,25 @@ class HookServices:
         self.sink: EventSink = build_sink(config, self.decider, self.engine_id)
         self.metrics.set_sink(self.sink.counters)
         self._server: Any = None
+        #: Where the endpoint answers (``http(s)://host:port``; empty: no endpoint).
+        self.endpoint = ""
         if config.metrics_listen:
-            self._server, port = serve_metrics(
-                self.metrics, config.metrics_listen, commands, token=config.token
+            access = EndpointAccess(
+                token=config.pin_command_token,
+                cert_file=config.endpoint_tls_cert_file,
+                key_file=config.endpoint_tls_key_file,
+                allow_plaintext=config.allow_plaintext_pin_commands,
             )
-            logger.info("CacheTTL metrics on port %d", port)
+            self._server, port = serve_metrics(
+                self.metrics, config.metrics_listen, commands, access=access
+            )
+            host = config.metrics_listen.rpartition(":")[0] or "127.0.0.1"
+            self.endpoint = f"{'https' if access.tls else 'http'}://{host}:{port}"
+        logger.info("%s", linked_line(config, self.endpoint, self.engine_id))
+        model = getattr(vllm_config, "model_config", None)
+        warning = cold_start_warning(config, getattr(model, "max_model_len", None))
+        if warning:
+            logger.warning("%s", warning)
 
     def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
         decision = self.decider.decide_facts(facts, turn.pin_ttl_s)
@@ -72,3 +86,76 @@ class HookServices:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+def linked_line(config: HookConfig, endpoint: str, engine_id: str) -> str:
+    """The one line the hook logs at start: what it is linked to and with which settings
+    (never a token: only whether one is set).
+
+    >>> print(linked_line(HookConfig(), "", "e1"))  # doctest: +NORMALIZE_WHITESPACE
+    CacheTTL hook e1: control plane none (events stay on this engine); tenant 'default';
+    endpoint off; policy cachettl; rules ...
+    """
+    if config.control_plane:
+        tls = "TLS" if config.tls_ca_file else "plaintext"
+        if config.tls_cert_file:
+            tls = "mutual TLS"
+        token = "token set" if config.token else "no token"
+        link = f"control plane {config.control_plane} ({tls}, {token}, coherence "
+        link += f"{'on' if config.coherence else 'off'})"
+    else:
+        link = "control plane none (events stay on this engine)"
+    if endpoint:
+        commands = (
+            "pin commands with pin_command_token"
+            if config.pin_command_token
+            else ("pin commands from loopback only")
+        )
+        where = f"endpoint {endpoint}/metrics, {commands}"
+    else:
+        where = "endpoint off"
+    r = config.rules
+    rules = (
+        f"pressure={r.pressure.value}, ordering={r.ordering}, victim={r.victim}, "
+        f"ttl_cap_s={r.ttl_cap_s:g}, budget_share={r.budget_share:g}"
+    )
+    return (
+        f"CacheTTL hook {engine_id}: {link}; tenant {config.tenant!r}; {where}; "
+        f"policy {config.policy}; rules {rules}"
+    )
+
+
+def cold_start_warning(config: HookConfig, max_context_tokens: int | None) -> str:
+    """A warning when the policy's cold start can never pin on this engine: even a turn of
+    ``max_context_tokens`` (the model's longest context) prices a miss below the cold-start
+    rule's threshold, so every TTL is 0 until the engine has learned tool durations or
+    queueing (empty: it can pin)."""
+    if not config.enabled or not max_context_tokens:
+        return ""
+    probe = TtlDecider(
+        config.policy,
+        config.policy_params,
+        profile=config.profile,
+        tenant=config.tenant,
+        min_samples=config.min_samples,
+    )
+    try:
+        decision = probe.decide(
+            tool="cold-start-probe",
+            tool_args=None,
+            context_tokens=int(max_context_tokens),
+            turns_served=1,
+        )
+    except Exception:  # a policy that cannot decide without data says so itself later
+        return ""
+    finally:
+        probe.close()
+    if decision.ttl_s > 0 or "cold" not in decision.basis:
+        return ""
+    return (
+        f"CacheTTL: policy {config.policy!r} cannot pin on this engine at its cold start: "
+        f"a miss of even a {max_context_tokens}-token context costs {decision.benefit_s:.3f} s "
+        f"with profile {config.profile!r}, under the cold-start rule's threshold, so every "
+        f"TTL is 0 until {config.min_samples} tool calls are learned or returning turns "
+        "queue; a client's pin_ttl_s, a fixed policy or a profile of this engine pins sooner"
+    )

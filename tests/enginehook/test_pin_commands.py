@@ -56,8 +56,9 @@ def test_drop_releases_the_pin_now_and_reports_the_call_until_then() -> None:
     assert host.freed == [("s1", "dropped")]
     [call] = [e for e in host.events if isinstance(e, ToolCallEvent)]
     assert call.duration_s == 3.5  # finished at 1.0, dropped (sent elsewhere) at 4.5
-    assert commands.get("c1") == {
-        "id": "c1",
+    [first] = commands.ids()
+    assert commands.get(first) == {
+        "id": first,
         "action": "drop",
         "session": "s1",
         "state": "applied",
@@ -73,8 +74,9 @@ def test_extend_holds_the_pin_longer_within_the_cap_and_never_shortens_it() -> N
     commands.submit("extend", "s1", now=20.0, ttl_s=500.0)  # capped at 60 s
     commands.submit("extend", "s1", now=21.0, ttl_s=1.0)  # would shorten it: kept
     commands.apply(c, now=21.0)
-    assert _got(commands, "c1")["expires_at"] == 81.0  # 21 + 60 (the rules' cap)
-    assert _got(commands, "c2")["expires_at"] == 81.0
+    first, second = commands.ids()
+    assert _got(commands, first)["expires_at"] == 81.0  # 21 + 60 (the rules' cap)
+    assert _got(commands, second)["expires_at"] == 81.0
     c.expire(50.0)  # past the old expiry: still held
     assert c.pinned("s1")
     c.expire(81.5)
@@ -89,7 +91,7 @@ def test_a_session_without_a_pin_settles_as_expired() -> None:
     commands.submit("drop", "s1", now=41.0)
     commands.submit("extend", "unknown", now=41.0, ttl_s=5.0)
     commands.apply(c, now=41.0)
-    assert [_got(commands, i)["state"] for i in ("c1", "c2")] == ["expired", "expired"]
+    assert [_got(commands, i)["state"] for i in commands.ids()] == ["expired", "expired"]
 
 
 def test_a_command_that_raises_settles_as_failed_and_the_rest_still_apply() -> None:
@@ -105,9 +107,10 @@ def test_a_command_that_raises_settles_as_failed_and_the_rest_still_apply() -> N
     commands.submit("extend", "s1", now=2.0, ttl_s=5.0)
     commands.submit("drop", "s1", now=2.0)
     commands.apply(c, now=2.0)
-    assert _got(commands, "c1")["state"] == "failed"
-    assert _got(commands, "c1")["detail"] == "RuntimeError: table busy"
-    assert _got(commands, "c2")["state"] == "applied"
+    first, second = commands.ids()
+    assert _got(commands, first)["state"] == "failed"
+    assert _got(commands, first)["detail"] == "RuntimeError: table busy"
+    assert _got(commands, second)["state"] == "applied"
 
 
 @pytest.mark.parametrize(
@@ -142,14 +145,16 @@ def test_an_engine_that_does_not_pin_answers_unsupported() -> None:
 def test_the_queue_and_the_history_are_bounded() -> None:
     woken: list[int] = []
     commands = PinCommands(on_submit=lambda: woken.append(1))
-    states = [commands.submit("drop", f"s{i}", now=0.0)["state"] for i in range(MAX_PENDING + 3)]
+    answers = [commands.submit("drop", f"s{i}", now=0.0) for i in range(MAX_PENDING + 3)]
+    states = [a["state"] for a in answers]
     assert states.count("accepted") == MAX_PENDING
     assert states[-3:] == ["rejected"] * 3
     assert len(woken) == MAX_PENDING  # the engine is woken for each queued command only
     for _ in range(HISTORY):
         commands.submit("offload", "s", now=0.0)
-    assert commands.get("c1") is None  # the oldest left the history
-    assert commands.get(f"c{MAX_PENDING + 3 + HISTORY}") is not None
+    assert commands.get(answers[0]["id"]) is None  # the oldest left the history
+    assert len(commands.ids()) == HISTORY
+    assert commands.get(commands.ids()[-1]) is not None
 
 
 # -- over HTTP, on the hook's endpoint ----------------------------------------------------

@@ -156,8 +156,9 @@ def test_an_escaped_pin_is_dropped_on_its_holder() -> None:
         stale = _stats(controller, busy_tokens=5_000, endpoint=hook.url)
         _escape(router, stale)
         _until(lambda: not hook.pinned("s1"), "the holder drops the pin")
-        assert hook.commands.get("c1") == {
-            "id": "c1",
+        [first] = hook.commands.ids()
+        assert hook.commands.get(first) == {
+            "id": first,
             "action": "drop",
             "session": "s1",
             "state": "applied",
@@ -174,7 +175,7 @@ def test_an_escaped_pin_is_dropped_on_its_holder() -> None:
             [("a", _stats(controller, busy_tokens=5_000)), ("b", _idle())], "s1", NOW
         )
         assert (fresh.rule, fresh.drop_from) == ("credit", None)
-    assert hook.commands.get("c2") is None  # nothing more was posted
+    assert len(hook.commands.ids()) == 1  # nothing more was posted
 
 
 @pytest.mark.parametrize(("with_token", "outcome"), [(False, "forbidden"), (True, "accepted")])
@@ -192,7 +193,7 @@ def test_the_token_comes_from_the_routers_token_file(
         if with_token:
             _until(lambda: not hook.pinned("s1"), "the drop applies")
         else:
-            assert hook.commands.get("c1") is None  # refused before it was queued
+            assert hook.commands.ids() == []  # refused before it was queued
             assert hook.pinned("s1")
 
 

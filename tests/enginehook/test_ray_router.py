@@ -223,7 +223,9 @@ def test_turns_follow_their_pins_and_new_programs_the_fewest_bound(cluster: Any)
     moved = _turn(handle, "prog-a", 2_048)
     assert moved["replica"] != a
     assert not moved["hit"]
-    command = _settled(held["pin_endpoint"], "c1")
+    with urllib.request.urlopen(f"{held['pin_endpoint']}/cachettl/pins/commands") as reply:
+        [first] = json.loads(reply.read())["commands"]
+    command = _settled(held["pin_endpoint"], first)
     assert (command["action"], command["session"], command["state"]) == (
         "drop",
         "prog-a",
