@@ -19,7 +19,8 @@ contract, engine-independent:
   :data:`HISTORY` (a router polls it). Ids are random (122 bits of a UUID 4), never
   sequential: one id tells nothing of another command's, so no one reads another
   router's sessions by counting, and ids never collide across engines. Both it and
-  ``submit`` return a JSON-ready copy taken under the lock (the HTTP threads never see a command half settled).
+  ``submit`` return a JSON-ready copy taken under the lock (the HTTP threads never see a
+  command half settled).
 
 Nothing here blocks the scheduler: the queue is a lock-guarded deque it swaps out in one
 step, and an engine with nothing queued pays one truthiness test.
