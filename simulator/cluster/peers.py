@@ -1,6 +1,9 @@
 """The other routers of the field: Dynamo 1.6.1's KV router with session affinity,
 llm-d's EPP scorers, SGLang's gateway (smg 1.13.0) cache_aware with a TTL'd placement
-index (/work/shared/notes/cluster-2026.md §3-§5)."""
+index. Sources: Dynamo's router flags in the ``ai-dynamo-runtime`` 1.6.1 wheel
+(``common/configuration/groups/{router,kv_router}_args.py``), llm-d's scorers
+(llm-d/llm-d-router v0.10.0, ``pkg/epp/framework/plugins/scheduling/scorer/``) and SGLang's
+gateway flags in the ``smg`` 1.13.0 wheel (``smg/router_args.py``)."""
 
 from __future__ import annotations
 

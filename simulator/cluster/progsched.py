@@ -1,5 +1,5 @@
 """vllm-router 0.1.17's program scheduling (``--enable-program-scheduling``; RFC #285,
-PR #286, ``src/program_scheduling/policy.rs``; /work/shared/notes/cluster-2026.md §1.6).
+PR #286, ``src/program_scheduling/policy.rs`` in vllm-project/router).
 
 A new program is bound to a target by ``least_program_count``; every later turn resumes on
 that home target. After each turn the program stays ACTIVE ("acting") for a TTL, then is

@@ -1,6 +1,5 @@
 """vllm-router 0.1.17's policies (vllm-project/router; flags and defaults from the
-wheel's ``--help``, mechanisms from ``src/policies/*.rs`` and ``docs/load_balancing``;
-see /work/shared/notes/cluster-2026.md §1).
+wheel's ``--help``, mechanisms from ``src/policies/*.rs`` and ``docs/load_balancing``).
 
 The router never hears that a program ended (``last_turn`` reaches the engine only), so
 session state lives until its idle expiry unless ``finish_session=true`` models a client
