@@ -4,9 +4,9 @@ A policy is a small object with one method, ``decide(facts, models) -> Decision`
 chosen by name from one registry (``get_policy``). The same objects run in the engine
 hook, the simulator and the control plane.
 
-Every policy maximises (or approximates) the paper's objective
-``F(τ)·B − τ`` with ``B = T·η + PrefillReload(r)`` (DESIGN.md §3); they differ in which
-duration distribution F they trust and which safeguards they add.
+Every policy maximises (or approximates) the objective of Continuum (arXiv 2511.02230),
+``F(τ)·B − τ`` with ``B = T·η + PrefillReload(r)``; they differ in which duration
+distribution F they trust and which safeguards they add.
 """
 
 from __future__ import annotations

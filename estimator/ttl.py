@@ -1,9 +1,9 @@
 """The exact TTL optimiser: τ* = argmax over {0} ∪ samples of F(τ)·B − τ.
 
 F is the empirical CDF of past tool durations (F(τ) = share of samples ≤ τ) and B the
-benefit of a pin that is hit, in seconds (DESIGN.md §3). Between two sample points F is
-flat while −τ falls, so the maximum lies at 0 or at a sample: searching those candidates
-is exact. On a sorted array the search is one vectorised pass.
+benefit of a pin that is hit, in seconds (Continuum, arXiv 2511.02230). Between two
+sample points F is flat while −τ falls, so the maximum lies at 0 or at a sample:
+searching those candidates is exact. On a sorted array the search is one vectorised pass.
 """
 
 from __future__ import annotations
