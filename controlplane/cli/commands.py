@@ -178,16 +178,18 @@ def _serve(args: argparse.Namespace) -> int:
         auth=auth,
     )
     try:
-        if args.console:
-            from controlplane.console.cli import console_options
-            from controlplane.console.host import serve_with_console
-
-            asyncio.run(serve_with_console(plane, options, console_options(args)))
-        else:
-            asyncio.run(serve(plane, options))
+        asyncio.run(_with_console(plane, options, args) if args.console else serve(plane, options))
     finally:
         store.close()
     return 0
+
+
+def _with_console(plane: Any, options: Any, args: argparse.Namespace) -> Any:
+    """``serve`` with the read-only web console beside the gRPC server (``--console``)."""
+    from controlplane.console.cli import console_options
+    from controlplane.console.host import serve_with_console
+
+    return serve_with_console(plane, options, console_options(args))
 
 
 # -- db ---------------------------------------------------------------------------------
