@@ -177,6 +177,13 @@ class ControlPlane:
         token = new_token()
         return self.store.create_tenant(name, share, hash_token(token), self.clock()), token
 
+    def rotate_token(self, name: str) -> tuple[Tenant, str]:
+        """Issue the tenant a new bearer token (shown once); the old one stops working and
+        the servers end its streams within their recheck (``TenantNotFoundError`` if no
+        such tenant). A revoked tenant is active again."""
+        token = new_token()
+        return self.store.rotate_token(name, hash_token(token)), token
+
     def authenticate(self, token: str) -> Tenant | None:
         """The tenant holding ``token``, revoked or not (cached for ``AUTH_CACHE_S``)."""
         found, tenant = self.cached_tenant(token)

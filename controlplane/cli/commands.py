@@ -1,6 +1,6 @@
 """`cachettl` subcommands of this package (registered by `controlplane.cli`).
 
-``serve``, ``db upgrade``, ``tenants create|list|revoke``, ``tools list|show``,
+``serve``, ``db upgrade``, ``tenants create|list|revoke|rotate``, ``tools list|show``,
 ``misses`` and ``bench controlplane``. Inspection commands read the database directly
 (the same code the server's InspectService runs), so they work with or without a running
 server.
@@ -223,21 +223,85 @@ def _db_upgrade(args: argparse.Namespace) -> int:
 
 
 def _register_tenants(commands: _SubParsers) -> None:
-    p = commands.add_parser("tenants", help="create, list and revoke tenants")
+    p = commands.add_parser("tenants", help="create, list, revoke tenants and rotate tokens")
     sub = p.add_subparsers(dest="tenants_command", metavar="ACTION", required=True)
-    create = sub.add_parser("create", help="add a tenant and print its bearer token")
+    create = sub.add_parser(
+        "create",
+        help="add a tenant and print its bearer token",
+        description="Add a tenant and print its bearer token, once (only its hash is "
+        "stored). A tenant that exists is refused and nothing is written: its token cannot "
+        "be shown again; `cachettl tenants rotate NAME` issues a new one. Note that the "
+        "shell empties a file redirected to (`> FILE`) before the command runs, refused or "
+        "not: --token-file FILE writes the token only once the tenant exists.",
+    )
     create.add_argument("name")
     create.add_argument(
         "--share", action="store_true", help="feed (and use) cross-tenant per-tool priors"
     )
     listing = sub.add_parser("list", help="list tenants")
-    revoke = sub.add_parser("revoke", help="disable a tenant's token")
+    revoke = sub.add_parser(
+        "revoke",
+        help="disable a tenant's token",
+        description="Disable the tenant's token (its data stays). Servers refuse it and end "
+        "its open streams within seconds. `cachettl tenants rotate NAME` re-issues one.",
+    )
     revoke.add_argument("name")
-    for parser, handler in ((create, _tenants_create), (listing, _tenants_list)):
+    rotate = sub.add_parser(
+        "rotate",
+        help="issue a tenant a new bearer token (the old one stops working)",
+        description="Issue the tenant a new bearer token and print it, once. The old token "
+        "stops working at once: servers refuse it and end the streams opened with it "
+        "(engines reconnect with the new token once their token file holds it). A revoked "
+        "tenant is active again with the new token. Its data stays.",
+    )
+    rotate.add_argument("name")
+    for parser in (create, rotate):
+        parser.add_argument(
+            "--token-file",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="write the token to FILE (mode 0600, replaced whole) instead of stdout; "
+            "nothing is written when the command is refused",
+        )
+    for parser, handler in (
+        (create, _tenants_create),
+        (listing, _tenants_list),
+        (revoke, _tenants_revoke),
+        (rotate, _tenants_rotate),
+    ):
         _add_db(parser)
         parser.set_defaults(handler=handler)
-    _add_db(revoke)
-    revoke.set_defaults(handler=_tenants_revoke)
+
+
+def _emit_token(token: str, path: Path | None) -> None:
+    """Print the token, or write it to ``path`` whole (a temporary file renamed over it,
+    readable by its owner only)."""
+    if path is None:
+        print(token, flush=True)
+        return
+    import tempfile
+
+    folder = path.parent if str(path.parent) else Path(".")
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(token + "\n")
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _check_token_file(path: Path | None) -> None:
+    if path is None:
+        return
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ValueError(f"--token-file: folder {str(folder)!r} does not exist")
+    if path.is_dir():
+        raise ValueError(f"--token-file: {str(path)!r} is a folder")
 
 
 def _tenants_create(args: argparse.Namespace) -> int:
@@ -245,14 +309,35 @@ def _tenants_create(args: argparse.Namespace) -> int:
     from controlplane.service import ControlPlane
     from controlplane.storage import create_store
 
+    _check_token_file(args.token_file)
     store = create_store(_db(args))
     try:
         _, token = ControlPlane(store).create_tenant(args.name, args.share)
     except TenantExistsError as error:
-        raise ValueError(str(error)) from None
+        raise ValueError(
+            f"{error}; nothing written (its token is stored only hashed and cannot be shown "
+            f"again): `cachettl tenants rotate {args.name}` issues a new one"
+        ) from None
     finally:
         store.close()
-    print(token)
+    _emit_token(token, args.token_file)
+    return 0
+
+
+def _tenants_rotate(args: argparse.Namespace) -> int:
+    from controlplane.errors import TenantNotFoundError
+    from controlplane.service import ControlPlane
+    from controlplane.storage import create_store
+
+    _check_token_file(args.token_file)
+    store = create_store(_db(args))
+    try:
+        _, token = ControlPlane(store).rotate_token(args.name)
+    except TenantNotFoundError as error:
+        raise ValueError(f"{error}; nothing written") from None
+    finally:
+        store.close()
+    _emit_token(token, args.token_file)
     return 0
 
 

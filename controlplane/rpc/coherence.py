@@ -2,7 +2,7 @@
 moved away from hears it on its ``WatchMoves`` stream (:mod:`controlplane.coherence`).
 
 On SQLite (or ``memory://``) served from the event loop, from memory: an arrival costs a
-dictionary update and, on a move, one message queued per watcher of the engine the program
+dictionary update and, on a move, one entry queued per watcher of the engine the program
 left. On PostgreSQL the locations are the database's
 (:class:`controlplane.storage.locations.SharedLocations`), so that replicas sharing it see
 moves between engines linked to different replicas: a report is one statement, run in a
@@ -11,10 +11,23 @@ the other replicas, each of which listens (one connection, only while it has wat
 hands them to its own. A replica never tells its watchers a move twice: it skips the
 notifications it published itself.
 
-A watcher that does not keep up loses the oldest moves past :data:`WATCH_QUEUE` (counted in
-``moves_dropped``): the pin it would have dropped then lives until its TTL, as it would have
-without this service; so does one whose move was published while its replica's listening
-connection was down (it reconnects with backoff).
+Reports are checked arrival by arrival: a bad program id, or an arrival time more than
+:data:`AHEAD_S` ahead of the server's clock (a clock set ahead would otherwise become a
+tool's duration on the engine told of the move: ``now + 20 h`` as 72,000 s), is refused
+alone and named in the answer; the rest of the report is applied. An arrival time up to
+:data:`AHEAD_S` ahead counts as the server's now, so no move is ever told as arriving
+after the server heard of it.
+
+Memory is bounded whatever the watchers read. A watcher's unread moves are kept per program,
+the newest superseding an older one of the same program (coalesced), at most
+:data:`STREAM_MOVES` programs per stream, :data:`TENANT_MOVES` per tenant and
+:data:`SERVER_MOVES` in all. A move that would pass a bound drops the slowest watcher instead
+(the tenant's, or anyone's, with the most unread moves): its unread moves are freed, it is
+told nothing more, and its call ends RESOURCE_EXHAUSTED as soon as it reads again; counted
+(``streams_dropped``, ``moves_dropped``), and logged once per tenant per minute. An engine
+whose stream is dropped reconnects; the pins it was not told of live until their TTL, as
+they would without this service; so do those whose move was published while the replica's
+listening connection was down (it reconnects with backoff).
 """
 
 from __future__ import annotations
@@ -23,7 +36,9 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from functools import cached_property
 
 import grpc
@@ -31,19 +46,39 @@ import grpc
 from controlplane._gen.cachettl.v1 import cluster_pb2
 from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
 from controlplane.coherence import ProgramLocations
-from controlplane.errors import InvalidInputError
+from controlplane.errors import InvalidInputError, OverloadedError
 from controlplane.records import LIMITS, Move, Tenant
 from controlplane.service import ControlPlane
 from controlplane.storage.locations import RETRY_FIRST_S, SharedLocations, shared_locations
 from controlplane.validation import check_known, check_name, timestamp_s
 from controlplane.wire import timestamp
 
-__all__ = ["WATCH_QUEUE", "CoherenceHub", "CoherenceMethods", "arrivals"]
+__all__ = [
+    "AHEAD_S",
+    "SERVER_MOVES",
+    "STREAM_MOVES",
+    "TENANT_MOVES",
+    "CoherenceHub",
+    "CoherenceMethods",
+    "Report",
+    "arrivals",
+]
 
 log = logging.getLogger(__name__)
 
-#: Moves queued per watching stream before the oldest are dropped.
-WATCH_QUEUE = 10_000
+#: Programs with an unread move kept per watching stream (a newer move of the same program
+#: replaces the older one).
+STREAM_MOVES = 256
+#: Unread moves kept per tenant, over all its streams on this server.
+TENANT_MOVES = 8192
+#: Unread moves kept on this server, over all tenants.
+SERVER_MOVES = 65_536
+#: An arrival time may be this far ahead of the server's clock (counted as the server's now).
+AHEAD_S = 5.0
+#: Refusals named in one answer (the count covers them all).
+REFUSALS_NAMED = 16
+#: Seconds between two log lines about one tenant's dropped streams.
+LOG_EVERY_S = 60.0
 #: Longest engine id (characters).
 ENGINE_ID_CHARS = 64
 
@@ -56,36 +91,68 @@ def _engine_id(field: str, value: str) -> str:
     return value
 
 
-def arrivals(
-    request: cluster_pb2.ReportArrivalsRequest, now: float
-) -> tuple[str, list[tuple[str, float]]]:
-    """The checked ``(engine_id, [(program_id, arrived_at), ...])`` of a report; a bad
-    field raises ``InvalidInputError`` naming it, and nothing of the report is applied."""
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A checked report: the engine, the arrivals kept, and those refused
+    (``(index, reason)``, the reason naming the field)."""
+
+    engine_id: str
+    arrived: list[tuple[str, float]]
+    refused: list[tuple[int, str]]
+
+
+def _arrival(i: int, arrival: cluster_pb2.Arrival, now: float) -> tuple[str, float]:
+    at = f"arrivals[{i}]"
+    check_known(at, arrival)
+    program = check_name(f"{at}.program_id", arrival.program_id, "program_id")
+    if not arrival.HasField("arrived_at"):
+        return program, now
+    when = timestamp_s(f"{at}.arrived_at", arrival.arrived_at)
+    if when > now + AHEAD_S:
+        raise InvalidInputError(
+            f"{at}.arrived_at",
+            f"{when - now:.0f} s ahead of the server's clock (at most {AHEAD_S:g} s: "
+            "is the engine's clock set?)",
+        )
+    return program, min(when, now)
+
+
+def arrivals(request: cluster_pb2.ReportArrivalsRequest, now: float) -> Report:
+    """The checked report. A bad engine id, count or unknown field of the request raises
+    ``InvalidInputError`` naming it (nothing applied); a bad arrival is refused alone."""
     check_known("request", request)
     engine = _engine_id("engine_id", request.engine_id)
     if not 1 <= len(request.arrivals) <= LIMITS.batch_events:
         raise InvalidInputError(
             "arrivals", f"must hold 1..{LIMITS.batch_events} arrivals, got {len(request.arrivals)}"
         )
-    checked = []
+    checked, refused = [], []
     for i, arrival in enumerate(request.arrivals):
-        at = f"arrivals[{i}]"
-        check_known(at, arrival)
-        program = check_name(f"{at}.program_id", arrival.program_id, "program_id")
-        when = (
-            timestamp_s(f"{at}.arrived_at", arrival.arrived_at)
-            if arrival.HasField("arrived_at")
-            else now
-        )
-        checked.append((program, when))
-    return engine, checked
+        try:
+            checked.append(_arrival(i, arrival, now))
+        except InvalidInputError as error:
+            refused.append((i, str(error)))
+    return Report(engine, checked, refused)
+
+
+class _Watcher:
+    """One ``WatchMoves`` stream: its unread moves by program, oldest first."""
+
+    __slots__ = ("dropped", "key", "unread", "wake")
+
+    def __init__(self, key: tuple[str, str]) -> None:
+        self.key = key
+        self.unread: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.wake = asyncio.Event()
+        self.dropped: str | None = None
 
 
 class CoherenceHub:
     """The locations and the watching streams, per tenant and engine.
 
     ``shared``: the database's locations (PostgreSQL), else ``locations`` in memory.
-    ``replica``: this server's name in what it publishes (random by default).
+    ``replica``: this server's name in what it publishes (random by default). The bounds
+    default to the module's.
     """
 
     def __init__(
@@ -93,19 +160,38 @@ class CoherenceHub:
         locations: ProgramLocations | None = None,
         shared: SharedLocations | None = None,
         replica: str | None = None,
+        stream_moves: int = STREAM_MOVES,
+        tenant_moves: int = TENANT_MOVES,
+        server_moves: int = SERVER_MOVES,
     ) -> None:
         self.locations = locations or ProgramLocations()
         self.shared = shared
         self.replica = replica or uuid.uuid4().hex
-        self._watchers: dict[tuple[str, str], set[asyncio.Queue[WatchMovesResponse]]]
-        self._watchers = {}
+        self.stream_moves = stream_moves
+        self.tenant_moves = tenant_moves
+        self.server_moves = server_moves
+        self._watchers: dict[tuple[str, str], set[_Watcher]] = {}
+        self._of_tenant: dict[str, set[_Watcher]] = {}
+        self._unread: dict[str, int] = {}  # per tenant
+        self._unread_total = 0
+        self._logged: dict[str, float] = {}
         self._listening: asyncio.Task[None] | None = None
         self.moves_sent = 0
+        self.moves_coalesced = 0
         self.moves_dropped = 0
+        self.streams_dropped = 0
+        self.arrivals_refused = 0
+
+    @property
+    def unread(self) -> int:
+        """Moves queued for watchers on this server."""
+        return self._unread_total
 
     async def report(self, tenant: Tenant, engine: str, arrived: list[tuple[str, float]]) -> int:
         """Apply a checked report and tell the watchers here; returns how many arrivals
         were moves. ``StorageError`` when the shared locations' database fails."""
+        if not arrived:
+            return 0
         if self.shared is None:
             moves = self.locations.report(tenant.name, engine, arrived)
         else:
@@ -115,22 +201,102 @@ class CoherenceHub:
         return len(moves)
 
     def tell(self, tenant: str, moves: Iterable[Move]) -> None:
-        """Queue each move for the watchers of the engine it left."""
+        """Queue each move for the watchers of the engine it left (module docstring:
+        coalesced per program, bounded, the slowest watcher dropped at a bound)."""
         for move in moves:
             watchers = self._watchers.get((tenant, move.from_engine))
             if not watchers:
                 continue
-            message = WatchMovesResponse(
-                program_id=move.program_id,
-                to_engine_id=move.to_engine,
-                arrived_at=timestamp(move.arrived_at),
+            for watcher in list(watchers):
+                if watcher.dropped is None:
+                    self._queue(tenant, watcher, move)
+
+    def _queue(self, tenant: str, watcher: _Watcher, move: Move) -> None:
+        unread = watcher.unread
+        entry = (move.to_engine, move.arrived_at)
+        if move.program_id in unread:  # the newer move supersedes the older one
+            unread[move.program_id] = entry
+            unread.move_to_end(move.program_id)
+            self.moves_coalesced += 1
+            watcher.wake.set()
+            return
+        while True:
+            if len(unread) >= self.stream_moves:
+                self._drop(watcher, f"{len(unread)} moves unread (limit {self.stream_moves})")
+            elif self._unread.get(tenant, 0) >= self.tenant_moves:
+                self._drop(
+                    self._slowest(self._of_tenant[tenant]),
+                    f"the tenant's streams hold {self.tenant_moves} unread moves (limit)",
+                )
+            elif self._unread_total >= self.server_moves:
+                everyone = [w for ws in self._of_tenant.values() for w in ws]
+                self._drop(
+                    self._slowest(everyone),
+                    f"the server holds {self.server_moves} unread moves (limit)",
+                )
+            else:
+                break
+            if watcher.dropped is not None:
+                self.moves_dropped += 1
+                return
+        unread[move.program_id] = entry
+        self._unread[tenant] = self._unread.get(tenant, 0) + 1
+        self._unread_total += 1
+        self.moves_sent += 1
+        watcher.wake.set()
+
+    @staticmethod
+    def _slowest(watchers: Iterable[_Watcher]) -> _Watcher:
+        return max(watchers, key=lambda w: len(w.unread))
+
+    def _take(self, watcher: _Watcher) -> tuple[str, tuple[str, float]]:
+        program, entry = watcher.unread.popitem(last=False)
+        self._forget(watcher.key[0], 1)
+        return program, entry
+
+    def _forget(self, tenant: str, n: int) -> None:
+        left = self._unread.get(tenant, 0) - n
+        if left > 0:
+            self._unread[tenant] = left
+        else:
+            self._unread.pop(tenant, None)
+        self._unread_total -= n
+
+    def _drop(self, watcher: _Watcher, why: str) -> None:
+        """Stop telling ``watcher`` and free its unread moves (a slow reader)."""
+        tenant, engine = watcher.key
+        n = len(watcher.unread)
+        watcher.dropped = f"WatchMoves of engine {engine!r} dropped: {why}; reconnect"
+        watcher.unread.clear()
+        self._forget(tenant, n)
+        self._detach(watcher)
+        self.moves_dropped += n
+        self.streams_dropped += 1
+        watcher.wake.set()
+        now = time.monotonic()
+        if now - self._logged.get(tenant, float("-inf")) >= LOG_EVERY_S:
+            self._logged[tenant] = now
+            log.warning(
+                "pin coherence: tenant %r: a stream that does not read its moves was "
+                "dropped (%s; %d dropped in all so far); its engine's pins live until "
+                "their TTL",
+                tenant,
+                why,
+                self.streams_dropped,
             )
-            for queue in watchers:
-                if queue.full():
-                    queue.get_nowait()
-                    self.moves_dropped += 1
-                queue.put_nowait(message)
-                self.moves_sent += 1
+
+    def _detach(self, watcher: _Watcher) -> None:
+        tenant = watcher.key[0]
+        here = self._watchers.get(watcher.key)
+        if here is not None:
+            here.discard(watcher)
+            if not here:
+                del self._watchers[watcher.key]
+        mine = self._of_tenant.get(tenant)
+        if mine is not None:
+            mine.discard(watcher)
+            if not mine:
+                del self._of_tenant[tenant]
 
     async def _listen(self) -> None:
         """Tell the watchers here the moves other replicas publish, for as long as any
@@ -147,21 +313,31 @@ class CoherenceHub:
             await asyncio.sleep(RETRY_FIRST_S)
 
     async def watch(self, tenant: str, engine: str) -> AsyncIterator[WatchMovesResponse]:
-        """The moves away from ``engine``, as they happen, until the caller stops."""
-        queue: asyncio.Queue[WatchMovesResponse] = asyncio.Queue(WATCH_QUEUE)
+        """The moves away from ``engine``, as they happen, until the caller stops;
+        ``OverloadedError`` once the stream was dropped as a slow reader."""
         key = (tenant, engine)
-        self._watchers.setdefault(key, set()).add(queue)
+        watcher = _Watcher(key)
+        self._watchers.setdefault(key, set()).add(watcher)
+        self._of_tenant.setdefault(tenant, set()).add(watcher)
         if self.shared is not None and self._listening is None:
             self._listening = asyncio.create_task(self._listen())
         try:
             while True:
-                yield await queue.get()
+                if watcher.dropped is not None:
+                    raise OverloadedError(watcher.dropped)
+                if not watcher.unread:
+                    watcher.wake.clear()
+                    await watcher.wake.wait()
+                    continue
+                program, (to, at) = self._take(watcher)
+                yield WatchMovesResponse(
+                    program_id=program, to_engine_id=to, arrived_at=timestamp(at)
+                )
         finally:
-            watchers = self._watchers.get(key)
-            if watchers is not None:
-                watchers.discard(queue)
-                if not watchers:
-                    del self._watchers[key]
+            if watcher.dropped is None:
+                self._forget(tenant, len(watcher.unread))
+                watcher.unread.clear()
+                self._detach(watcher)
             if not self._watchers and self._listening is not None:
                 self._listening.cancel()  # the last watcher here left
                 self._listening = None
@@ -182,9 +358,17 @@ class CoherenceMethods:
         request: cluster_pb2.ReportArrivalsRequest,
         context: grpc.aio.ServicerContext,
     ) -> cluster_pb2.ReportArrivalsResponse:
-        engine, arrived = arrivals(request, time.time())
-        moved = await self.coherence.report(tenant, engine, arrived)
-        return cluster_pb2.ReportArrivalsResponse(moved=moved)
+        report = arrivals(request, time.time())
+        moved = await self.coherence.report(tenant, report.engine_id, report.arrived)
+        self.coherence.arrivals_refused += len(report.refused)
+        return cluster_pb2.ReportArrivalsResponse(
+            moved=moved,
+            refused=len(report.refused),
+            refusals=[
+                cluster_pb2.RefusedArrival(index=i, reason=reason)
+                for i, reason in report.refused[:REFUSALS_NAMED]
+            ],
+        )
 
     async def WatchMoves(  # noqa: N802
         self,

@@ -13,15 +13,23 @@ beyond each, naming the limit):
 - in all: unary calls in flight, and streams open.
 
 Health checks and reflection are not gated: they always answer.
+
+Streams outlive their admission, so the gate keeps checking their tokens
+(:meth:`Gate.revocable`): every ``recheck_s`` each token with a stream open is looked up
+again (from the token cache, which refreshes from the store in the background), and every
+stream of a token that was revoked, or replaced by ``cachettl tenants rotate``, ends
+(PERMISSION_DENIED or UNAUTHENTICATED), whatever the stream is waiting for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -31,11 +39,15 @@ from controlplane.errors import (
     OverloadedError,
     RevokedError,
     SlowClientError,
+    StorageError,
 )
 from controlplane.records import Tenant
 from controlplane.rpc.auth import TenantCache
 
-__all__ = ["Budgets", "Gate", "Slots", "peer_host"]
+__all__ = ["Budgets", "Gate", "Slots", "peer_host", "until"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -107,9 +119,14 @@ def bearer_token(context: grpc.aio.ServicerContext) -> str:
 class Gate:
     """Authentication and the limits of ``Budgets`` for one server."""
 
-    def __init__(self, budgets: Budgets, tenants: TenantCache) -> None:
+    def __init__(self, budgets: Budgets, tenants: TenantCache, recheck_s: float = 0.5) -> None:
         b = self.budgets = budgets
         self.tenants = tenants
+        self.recheck_s = recheck_s
+        self._open: dict[str, set[asyncio.Future[Exception]]] = {}
+        self._rechecking: asyncio.Task[None] | None = None
+        #: Streams ended because their token was revoked or replaced.
+        self.streams_revoked = 0
         self._peer_calls = Slots(b.calls_per_peer, "calls from this address", "per peer")
         self._tenant_calls = Slots(b.calls_per_tenant, "calls of this tenant", "per tenant")
         self._calls = Slots(b.calls_total, "calls", "server-wide")
@@ -121,7 +138,10 @@ class Gate:
 
     async def authenticate(self, context: grpc.aio.ServicerContext) -> Tenant:
         """The caller's tenant; raises Authentication/Revoked/Storage/OverloadedError."""
-        tenant = await self.tenants.tenant(bearer_token(context))
+        return await self._tenant_of(bearer_token(context))
+
+    async def _tenant_of(self, token: str) -> Tenant:
+        tenant = await self.tenants.tenant(token)
         if tenant is None:
             raise AuthenticationError("authorization: unknown token")
         if tenant.revoked_at is not None:
@@ -140,6 +160,46 @@ class Gate:
         slots = (self._peer_streams, self._tenant_streams, self._streams)
         async with self._admit(context, *slots) as tenant:
             yield tenant
+
+    @asynccontextmanager
+    async def revocable(
+        self, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[asyncio.Future[Exception]]:
+        """A future that gets the error to end an admitted stream with once its token is
+        revoked or replaced (module docstring); the stream is followed until the block
+        ends."""
+        token = bearer_token(context)
+        closed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+        self._open.setdefault(token, set()).add(closed)
+        if self._rechecking is None:
+            self._rechecking = asyncio.create_task(self._recheck())
+        try:
+            yield closed
+        finally:
+            streams = self._open.get(token)
+            if streams is not None:
+                streams.discard(closed)
+                if not streams:
+                    del self._open[token]
+
+    async def _recheck(self) -> None:
+        """Look the open streams' tokens up every ``recheck_s``; end those no longer
+        valid. Stops when no stream is open (the next one starts it again)."""
+        try:
+            while self._open:
+                await asyncio.sleep(self.recheck_s)
+                for token in list(self._open):
+                    try:
+                        await self._tenant_of(token)
+                    except (AuthenticationError, RevokedError) as error:
+                        for closed in self._open.pop(token, ()):
+                            if not closed.done():
+                                closed.set_result(error)
+                                self.streams_revoked += 1
+                    except (StorageError, OverloadedError):
+                        pass  # the store cannot say now: the token cache serves it stale
+        finally:
+            self._rechecking = None
 
     def streams_of(self, tenant: str) -> int:
         return self._tenant_streams.used.get(tenant, 0)
@@ -175,3 +235,29 @@ class Gate:
             raise SlowClientError(
                 f"request: no message within {timeout:g} s of the call's headers"
             ) from None
+
+
+async def until(items: AsyncIterator[T], closed: asyncio.Future[Exception]) -> AsyncIterator[T]:
+    """The items of ``items`` until ``closed`` is set, then its error is raised (whatever
+    ``items`` is waiting for); ``items`` is closed either way."""
+    step: asyncio.Future[T] | None = None
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(items))
+            await asyncio.wait((step, closed), return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                raise closed.result()
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            step = None
+            yield item
+    finally:
+        if step is not None and not step.done():
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                await step
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await aclose()

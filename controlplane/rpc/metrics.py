@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -50,6 +50,14 @@ class Metrics:
         rows learning skipped) and ``cachettl_batches_refused_total{limit}`` (batches
         refused for a per-tenant bound on names)."""
         self.registry.register(_LearningCollector(counters))
+
+    def track_streams(self, servicer: Any) -> None:
+        """Export the pin-coherence counters of ``servicer.coherence`` and the streams its
+        gate ended: ``cachettl_moves_told_total``, ``cachettl_moves_coalesced_total``,
+        ``cachettl_moves_dropped_total``, ``cachettl_move_streams_dropped_total`` (slow
+        readers), ``cachettl_arrivals_refused_total``, ``cachettl_moves_unread`` and
+        ``cachettl_streams_revoked_total``."""
+        self.registry.register(_StreamCollector(servicer))
 
     def observe_rpc(self, method: str, code: Any, seconds: float) -> None:
         name = getattr(code, "name", str(code))
@@ -100,3 +108,31 @@ class _LearningCollector(Collector):
             refused.add_metric([limit], self.counters.refused[limit])
         yield unlearned
         yield refused
+
+
+class _StreamCollector(Collector):
+    _COUNTERS = (
+        ("cachettl_moves_told", "moves_sent", "Moves queued for WatchMoves streams"),
+        ("cachettl_moves_coalesced", "moves_coalesced", "Moves superseding an unread one"),
+        ("cachettl_moves_dropped", "moves_dropped", "Moves never told (slow readers)"),
+        (
+            "cachettl_move_streams_dropped",
+            "streams_dropped",
+            "WatchMoves streams dropped for not reading their moves",
+        ),
+        ("cachettl_arrivals_refused", "arrivals_refused", "Arrivals refused one by one"),
+    )
+
+    def __init__(self, servicer: Any) -> None:
+        self.servicer = servicer
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        hub = self.servicer.coherence
+        for name, attribute, what in self._COUNTERS:
+            yield CounterMetricFamily(name, what, value=getattr(hub, attribute))
+        yield GaugeMetricFamily("cachettl_moves_unread", "Moves queued, unread", value=hub.unread)
+        yield CounterMetricFamily(
+            "cachettl_streams_revoked",
+            "Streams ended because their token was revoked or replaced",
+            value=self.servicer.gate.streams_revoked,
+        )

@@ -60,12 +60,47 @@ class TlsFiles:
 
     def credentials(self) -> grpc.ServerCredentials:
         """The server's credentials; ``ValueError`` naming the flag and the file of one
-        that is missing, unreadable or holds no PEM block of its kind."""
-        pair = [(_pem("--tls-key", self.key, "PRIVATE KEY"), _pem("--tls-cert", self.cert))]
+        that is missing, unreadable, holds no PEM block of its kind or one that does not
+        parse, or a key that is not the certificate's (checked here with ``cryptography``:
+        gRPC would only fail to bind, with a traceback and no file named)."""
+        key, cert = _pem("--tls-key", self.key, "PRIVATE KEY"), _pem("--tls-cert", self.cert)
+        _check_pair(key, self.key, cert, self.cert)
+        pair = [(key, cert)]
         if self.client_ca is None:
             return grpc.ssl_server_credentials(pair)
         ca = _pem("--tls-client-ca", self.client_ca)
+        _certificates("--tls-client-ca", self.client_ca, ca)
         return grpc.ssl_server_credentials(pair, root_certificates=ca, require_client_auth=True)
+
+
+def _certificates(flag: str, path: Path, data: bytes) -> list[Any]:
+    from cryptography import x509
+
+    try:
+        return x509.load_pem_x509_certificates(data)
+    except ValueError as error:
+        raise ValueError(f"{flag}: {str(path)!r} holds no valid certificate ({error})") from None
+
+
+def _check_pair(key_pem: bytes, key_path: Path, cert_pem: bytes, cert_path: Path) -> None:
+    """The key parses, the certificate parses, and the key is the certificate's."""
+    from cryptography.hazmat.primitives import serialization
+
+    leaf = _certificates("--tls-cert", cert_path, cert_pem)[0]
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as error:
+        reason = "it is encrypted" if isinstance(error, TypeError) else str(error)
+        raise ValueError(
+            f"--tls-key: {str(key_path)!r} holds no usable private key ({reason})"
+        ) from None
+    raw = serialization.PublicFormat.SubjectPublicKeyInfo
+    der = serialization.Encoding.DER
+    if key.public_key().public_bytes(der, raw) != leaf.public_key().public_bytes(der, raw):
+        raise ValueError(
+            f"--tls-key: {str(key_path)!r} is not the key of the certificate in "
+            f"{str(cert_path)!r} (--tls-cert)"
+        )
 
 
 def _pem(flag: str, path: Path, kind: str = "CERTIFICATE") -> bytes:
@@ -178,16 +213,20 @@ class ControlPlaneServer:
         )
         servicer = Servicer(self.plane, self.metrics, o.limits, o.watch_interval_s, budgets, o.auth)
         self._servicer = servicer
+        self.metrics.track_streams(servicer)
         server.add_generic_rpc_handlers(generic_handlers(servicer, _FILES))
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         self._health = health_servicer
         names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
-        if o.tls is None:
-            self.port = server.add_insecure_port(o.listen)
-        else:
-            self.port = server.add_secure_port(o.listen, o.tls.credentials())
+        try:
+            if o.tls is None:
+                self.port = server.add_insecure_port(o.listen)
+            else:
+                self.port = server.add_secure_port(o.listen, o.tls.credentials())
+        except RuntimeError:  # gRPC's "Failed to bind", whatever the cause
+            self.port = 0
         if self.port == 0:
             raise ValueError(f"--listen: cannot bind {o.listen!r}")
         return server

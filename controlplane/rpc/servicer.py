@@ -44,7 +44,7 @@ from controlplane.records import LIMITS, MISSES, Limits, MissQuery, Tenant
 from controlplane.rpc import misses
 from controlplane.rpc.auth import AuthOptions, TenantCache
 from controlplane.rpc.coherence import CoherenceMethods
-from controlplane.rpc.gate import Budgets, Gate
+from controlplane.rpc.gate import Budgets, Gate, until
 from controlplane.rpc.metrics import Metrics
 from controlplane.service import ControlPlane
 from controlplane.state import PinCounts
@@ -166,7 +166,7 @@ class Servicer(CoherenceMethods):
         self.limits = limits
         self.watch_interval_s = watch_interval_s
         self.tenants = TenantCache(plane.store.tenant_by_token_hash, auth)
-        self.gate = Gate(budgets or Budgets(), self.tenants)
+        self.gate = Gate(budgets or Budgets(), self.tenants, recheck_s=watch_interval_s)
         self._builds: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
         self._compact_builds: dict[str, asyncio.Future[int]] = {}
         # Views (listings, distributions, snapshots) are built on one thread of their
@@ -243,8 +243,9 @@ class Servicer(CoherenceMethods):
                     return tenant, request
 
                 tenant, request = await self._call(method, context, admit)
+                closed = await stack.enter_async_context(self.gate.revocable(context))
                 try:
-                    async for item in body(tenant, request, context):
+                    async for item in until(body(tenant, request, context), closed):
                         yield item
                 except (grpc.aio.AbortError, asyncio.CancelledError):
                     raise

@@ -69,6 +69,12 @@ class Store(ABC):
         """Disable the tenant's token (its data stays). Raises ``TenantNotFoundError``."""
 
     @abstractmethod
+    def rotate_token(self, name: str, token_hash: str) -> Tenant:
+        """Give the tenant a new token's hash: the old token stops working at once (its
+        lookups find nobody), and a revoked tenant is active again with the new token.
+        Returns the tenant. Raises ``TenantNotFoundError``."""
+
+    @abstractmethod
     def tenant_by_token_hash(self, token_hash: str) -> Tenant | None:
         """The tenant holding this token (revoked ones too: check ``revoked_at``), or None."""
 

@@ -57,6 +57,17 @@ class MemoryStore(Store):
             if tenant.revoked_at is None:
                 self._tenants[name] = replace(tenant, revoked_at=now)
 
+    def rotate_token(self, name: str, token_hash: str) -> Tenant:
+        with self._lock:
+            tenant = self._tenants.get(name)
+            if tenant is None:
+                raise TenantNotFoundError(f"no tenant named {name!r}")
+            for old in [h for h, n in self._hashes.items() if n == name]:
+                del self._hashes[old]
+            self._hashes[token_hash] = name
+            tenant = self._tenants[name] = replace(tenant, revoked_at=None)
+            return tenant
+
     def tenant_by_token_hash(self, token_hash: str) -> Tenant | None:
         with self._lock:
             name = self._hashes.get(token_hash)

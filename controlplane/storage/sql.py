@@ -331,6 +331,19 @@ class SqlStore(Store):
                 .values(revoked_at=now)
             )
 
+    def rotate_token(self, name: str, token_hash: str) -> Tenant:
+        with transaction(self.engine, write=True) as c:
+            found = c.execute(select(tenants.c.id).where(tenants.c.name == name)).first()
+            if found is None:
+                raise TenantNotFoundError(f"no tenant named {quote(name)}")
+            c.execute(
+                update(tenants)
+                .where(tenants.c.name == name)
+                .values(token_hash=token_hash, revoked_at=None)
+            )
+            row = c.execute(select(tenants).where(tenants.c.name == name)).one()
+        return _tenant(row)
+
     def tenant_by_token_hash(self, token_hash: str) -> Tenant | None:
         query = select(tenants).where(tenants.c.token_hash == token_hash)
         with transaction(self.engine) as c:
