@@ -1,4 +1,7 @@
-"""The trace format (DESIGN.md §5.1): JSON Lines, one agent program per line.
+"""The trace format: JSON Lines, one agent program per line (``program_id``, ``tenant``,
+``arrival_s`` and its ``turns``, each with ``input_tokens``, ``output_tokens``, ``tool``,
+``tool_args`` and ``tool_duration_s``: :class:`Program` and :class:`Turn`). Unknown keys are
+ignored; a missing or ill-typed required key is an error naming the line and the field.
 
 >>> program = Program("swe-1", 0.5, (Turn(3000, 180, "bash", "ls", 0.02), Turn(40, 90)))
 >>> parse_program(dump_program(program), 1) == program
