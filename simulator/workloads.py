@@ -1,4 +1,4 @@
-"""Synthetic agent workloads shaped like the paper's traces (notes/paper.md §1.2, Table 2).
+"""Synthetic agent workloads shaped like the traces of Continuum (arXiv 2511.02230, Table 2).
 
 No trace of the paper is public, so programs are drawn from distributions fitted to its
 published statistics:

@@ -1,5 +1,5 @@
-"""The 2026 peers (../shared/notes/field-2026.md §0–1, §1.8): ThunderAgent, llm-d's
-program-aware fairness and SGLang's session radix cache. Each is a set of
+"""The 2026 peers: ThunderAgent, llm-d's program-aware fairness and SGLang's session radix
+cache. Each is a set of
 :class:`enginehook.core.rules.SchedulingRules` (so its mechanism runs in the controller both
 hosts run) and, for SGLang, a TTL; sources and constants are in simulator/README.md.
 """
