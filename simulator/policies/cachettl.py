@@ -43,9 +43,10 @@ paper's program order alone makes new programs wait behind every returning turn;
 programs' first turns first it keeps its gain without starving them, with or without a
 tier (simulator/README.md, "New programs first"). By default they go ahead of pinned
 returning turns too (``first_turn_over_pins``): on 16 seeds of SWE and BFCL at 0.8×, 1× and
-1.2× that costs no mean JCT or P99 and shortens the first-turn wait, and behind a router a
-new session never waits behind other programs' pins (results/first_turn_over_pins_*.md,
-results/cluster_real.md). The rule switches are
+1.2× it is no different on mean JCT and P99 in all six cells and shortens the first-turn
+wait in five (no different at SWE 0.8×), and behind a router a new session does not wait
+behind other programs' pins (results/first_turn_over_pins_*.md, results/cluster_real.md).
+The rule switches are
 :class:`enginehook.core.rules.SchedulingRules` fields, whose defaults are ``cachettl``'s.
 """
 
