@@ -326,6 +326,13 @@ class ControlPlaneClient:
     def report_arrivals(self, engine_id: str, arrivals: Sequence[tuple[str, float]]) -> int:
         """Report turn arrivals ``(program_id, arrived_at)`` at ``engine_id`` (1..1000);
         returns how many were programs last seen on another engine."""
+        return int(self.report_arrivals_answer(engine_id, arrivals).moved)
+
+    def report_arrivals_answer(
+        self, engine_id: str, arrivals: Sequence[tuple[str, float]]
+    ) -> cluster_pb2.ReportArrivalsResponse:
+        """:meth:`report_arrivals`, answering whole: the moves, and the arrivals refused
+        one by one (``refused``; the first named in ``refusals`` with their reasons)."""
         request = cluster_pb2.ReportArrivalsRequest(
             engine_id=engine_id,
             arrivals=[
@@ -333,7 +340,10 @@ class ControlPlaneClient:
                 for program, at in arrivals
             ],
         )
-        return int(self._cluster.ReportArrivals(request, **self._kw()).moved)
+        answer: cluster_pb2.ReportArrivalsResponse = self._cluster.ReportArrivals(
+            request, **self._kw()
+        )
+        return answer
 
     def watch_moves(
         self, engine_id: str, timeout_s: float | None = None

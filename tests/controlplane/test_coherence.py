@@ -1,5 +1,5 @@
 """Pin coherence on a real server: the engine a program left hears of the move at once,
-per tenant, and a bad report is refused whole."""
+per tenant; a bad report is refused whole, a bad arrival alone."""
 
 from __future__ import annotations
 
@@ -115,8 +115,7 @@ def test_moves_stay_within_the_tenant(plane: ControlPlane, server: Any) -> None:
         ("e" * 65, [("p1", 1.0)], "engine_id"),
         ("engine\n", [("p1", 1.0)], "engine_id"),
         ("engine-b", [], "arrivals"),
-        ("engine-b", [("ok", 1.0), ("", 1.0)], "arrivals[1].program_id"),
-        ("engine-b", [("ok", 1.0), ("p" * 257, 1.0)], "arrivals[1].program_id"),
+        ("engine-b", [("ok", 1.0)] * 1001, "arrivals"),
     ],
 )
 def test_a_bad_report_is_refused_whole_naming_the_field(
