@@ -13,6 +13,12 @@ arrivals in batches every :attr:`~CoherenceLink.interval_s`; a watcher thread fo
 ``WatchMoves`` and reconnects with back-off. Arrivals are hints: when the control plane is
 down they are dropped (counted), never buffered without bound, and the engine falls back to
 what it does without coherence (the pin lives until its TTL).
+
+Refusal is per arrival: an arrival whose program id the control plane would refuse (empty,
+over its length limit, with NUL, or not encodable as UTF-8) is left out of its batch and
+counted (``refused``), and a batch the server still refuses as invalid is split until the
+refused arrivals are found: one bad program id never costs the others their report.
+:meth:`CoherenceLink.counters` gives the counters to the hook's ``/metrics``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+import grpc
+
 from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
+from controlplane.records import LIMITS
 from controlplane.wire import timestamp_seconds
 
 if TYPE_CHECKING:
@@ -77,9 +86,13 @@ class CoherenceLink:
         self._arrivals: deque[tuple[str, float]] = deque(maxlen=max_pending)
         self._moved: deque[Moved] = deque()
         self._stop = threading.Event()
+        #: Arrivals reported; lost (the control plane down, or the reporter behind);
+        #: refused (a program id the control plane refuses); moves received.
         self.reported = 0
         self.dropped = 0
+        self.refused = 0
         self.received = 0
+        self._refusal_logged = False
         self._threads = [
             threading.Thread(target=self._report_loop, name="cachettl-arrivals", daemon=True),
             threading.Thread(target=self._watch_loop, name="cachettl-moves", daemon=True),
@@ -119,20 +132,67 @@ class CoherenceLink:
             batch.append(self._arrivals.popleft())
         return batch
 
+    def counters(self) -> list[tuple[str, str, int]]:
+        """``(name, type, value)`` for the hook's ``/metrics``."""
+        return [
+            ("cachettl_coherence_arrivals_reported_total", "counter", self.reported),
+            ("cachettl_coherence_arrivals_dropped_total", "counter", self.dropped),
+            ("cachettl_coherence_arrivals_refused_total", "counter", self.refused),
+            ("cachettl_coherence_arrivals_pending", "gauge", len(self._arrivals)),
+            ("cachettl_coherence_moves_received_total", "counter", self.received),
+        ]
+
     def _report_loop(self) -> None:
         failing = False
         while not self._stop.wait(self.interval_s):
             while batch := self._take():
                 try:
-                    self.client.report_arrivals(self.engine_id, batch)
+                    self._report(self._acceptable(batch))
                 except Exception as exc:
                     self.dropped += len(batch)
                     if not failing:
                         logger.warning("CacheTTL pin coherence: arrivals not reported: %s", exc)
                     failing = True
                     break
-                self.reported += len(batch)
                 failing = False
+
+    def _acceptable(self, batch: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """``batch`` without the arrivals whose program id the control plane refuses
+        (counted, logged once)."""
+        kept = [a for a in batch if _valid_program(a[0])]
+        if len(kept) < len(batch):
+            self._refused(len(batch) - len(kept), "a program id the control plane refuses")
+        return kept
+
+    def _report(self, batch: list[tuple[str, float]]) -> None:
+        """Report ``batch``; one the server refuses as invalid is split in halves until
+        each refused arrival is alone (refused and counted), the rest reported."""
+        if not batch:
+            return
+        try:
+            self.client.report_arrivals(self.engine_id, batch)
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            if len(batch) == 1:
+                self._refused(1, str(exc.details())[:200])
+                return
+            half = len(batch) // 2
+            self._report(batch[:half])
+            self._report(batch[half:])
+            return
+        self.reported += len(batch)
+
+    def _refused(self, n: int, why: str) -> None:
+        self.refused += n
+        if not self._refusal_logged:
+            self._refusal_logged = True
+            logger.warning(
+                "CacheTTL pin coherence: %d arrival(s) refused (%s); the rest of their batch "
+                "is reported; further refusals are counted only",
+                n,
+                why,
+            )
 
     def _watch_loop(self) -> None:
         while not self._stop.is_set():
@@ -157,3 +217,14 @@ class CoherenceLink:
         self.client.close()
         for thread in self._threads:
             thread.join(timeout_s)
+
+
+def _valid_program(program_id: str) -> bool:
+    """Whether the control plane takes ``program_id`` (``check_name``'s rule, and UTF-8)."""
+    if not program_id or len(program_id) > LIMITS.program_id or "\x00" in program_id:
+        return False
+    try:
+        program_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

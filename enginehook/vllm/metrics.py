@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import hmac
 import ipaddress
+import logging
 import socket
 import threading
 import time
@@ -85,8 +86,11 @@ class HookMetrics:
         self.expired_by_buckets = [0] * (len(EXPIRED_BY_BUCKETS_S) + 1)
         self.expired_by_sum = 0.0
         self._sink_counters: Callable[[], list[tuple[str, str, int]]] = list
+        self._more_counters: list[Callable[[], list[tuple[str, str, int]]]] = []
         #: Exceptions of the hook's own code caught before vLLM, by hook.
         self.faults: Counter[str] = Counter()
+        #: Requests whose session id the engine refused (run without a session).
+        self.sessions_refused = 0
 
     def set_cpu_tier(self, on: bool, connectors: str = "") -> None:
         """Whether TTL decisions price a miss as a reload from a CPU tier, and the KV
@@ -98,6 +102,11 @@ class HookMetrics:
         """Where the event sink's ``(name, type, value)`` counters are read at each scrape
         (:meth:`enginehook.link.sinks.EventSink.counters`)."""
         self._sink_counters = counters
+
+    def add_counters(self, counters: Callable[[], list[tuple[str, str, int]]]) -> None:
+        """More ``(name, type, value)`` counters read at each scrape (e.g. the pin-coherence
+        link's, :meth:`enginehook.link.coherence.CoherenceLink.counters`)."""
+        self._more_counters.append(counters)
 
     def set_passthrough(self, reason: str) -> None:
         """The hook passes through on this engine for ``reason`` (e.g. ``no_prefix_caching``)."""
@@ -152,6 +161,19 @@ class HookMetrics:
             self.hook_seconds += hook_seconds
             self.vllm_schedule_seconds += vllm_seconds
 
+    def refused_session(self, problem: str) -> None:
+        """A request's session id failed the engine's own check (``problem``: why); the
+        first is logged, every one counted."""
+        with self._lock:
+            self.sessions_refused += 1
+            first = self.sessions_refused == 1
+        if first:
+            logging.getLogger("enginehook").warning(
+                "CacheTTL: a request's session id %s: it runs without a session (no pin); "
+                "further refusals are counted in cachettl_session_ids_refused_total",
+                problem,
+            )
+
     def fault(self, hook: str) -> None:
         """The hook's own code raised in ``hook`` (caught: the engine went on)."""
         with self._lock:
@@ -182,6 +204,7 @@ class HookMetrics:
                 "cpu_tier_connectors": self.cpu_tier_connectors,
                 "passthrough": self.passthrough,
                 "faults": dict(self.faults),
+                "sessions_refused": self.sessions_refused,
                 "returning_turns": dict(self.returning),
                 "turn_misses": {f"{r}/{c}" if c else r: n for (r, c), n in self.misses.items()},
                 "expired_by_buckets": list(self.expired_by_buckets),
@@ -220,6 +243,8 @@ class HookMetrics:
             f'cachettl_hook_faults_total{{hook="{h}"}} {n}' for h, n in sorted(s["faults"].items())
         ]
         lines += [
+            "# TYPE cachettl_session_ids_refused_total counter",
+            f"cachettl_session_ids_refused_total {s['sessions_refused']}",
             "# TYPE cachettl_cpu_tier gauge",
             f'cachettl_cpu_tier{{connector="{s["cpu_tier_connectors"]}"}} {int(s["cpu_tier"])}',
         ]
@@ -228,8 +253,9 @@ class HookMetrics:
                 "# TYPE cachettl_passthrough gauge",
                 f'cachettl_passthrough{{reason="{s["passthrough"]}"}} 1',
             ]
-        for name, kind, value in self._sink_counters():
-            lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
+        for counters in (self._sink_counters, *self._more_counters):
+            for name, kind, value in counters():
+                lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
         return "\n".join(lines) + "\n"
 
     def _turn_lines(self, s: dict[str, Any]) -> list[str]:

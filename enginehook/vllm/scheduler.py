@@ -46,6 +46,7 @@ from enginehook.core.lifecycle import PinController
 from enginehook.core.pins import Pin, ReleaseReason
 from enginehook.core.tracker import CacheSeen
 from enginehook.hints.flat import Hints
+from enginehook.hints.ids import session_id_problem
 from enginehook.hints.replies import REPLY_KEY, pin_reply
 from enginehook.link.coherence import CoherenceLink
 from enginehook.vllm.blocks import take_pinned_blocks
@@ -121,6 +122,7 @@ class CacheTTLMixin:
         if self.active and config.control_plane and config.coherence:
             engine_id = self.services.engine_id
             self.coherence = CoherenceLink.from_config(config, engine_id, on_moved=self.idle.wake)
+            self.metrics.add_counters(self.coherence.counters)
         self._text = ToolCallText(self.vllm_config.model_config)
         self._priority = self.vllm_config.scheduler_config.policy == "priority"
         self._next_housekeeping = 0.0
@@ -185,6 +187,9 @@ class CacheTTLMixin:
         super().add_request(request)  # type: ignore[misc]
 
     def _arrived(self, request: Request) -> None:
+        if request.session_id and (problem := session_id_problem(request.session_id)):
+            self.metrics.refused_session(problem)  # runs without a session: no pin, no order
+            request.session_id = None
         hints = read_hints(request)
         setattr(request, HINTS_ATTR, hints)
         setattr(request, ADDED_ATTR, self.clock())

@@ -90,3 +90,40 @@ def test_arrivals_are_dropped_and_counted_while_the_control_plane_is_down() -> N
         assert link.moved() == []
     finally:
         link.close()
+
+
+@pytest.mark.parametrize(
+    "poison", ["p" * 300, "nul\x00id", "lone-\udc80-surrogate"], ids=["long", "nul", "surrogate"]
+)
+def test_one_refused_program_id_costs_the_other_arrivals_nothing(
+    cluster: tuple[ServerThread, str], poison: str
+) -> None:
+    """Four programs move from a to b; b's batch also holds an id the control plane
+    refuses. a hears of all four moves, b counts one refusal, and /metrics shows it."""
+    server, token = cluster
+    woken: list[str] = []
+    a, b = _link(server, token, "engine-a", woken), _link(server, token, "engine-b", woken)
+    try:
+        _until_watching(a, b)
+        programs = [f"mover-{i}" for i in range(4)]
+        for program in programs:
+            a.arrived(program, time.time())
+        time.sleep(0.3)
+        for program in programs[:2]:
+            b.arrived(program, time.time())
+        b.arrived(poison, time.time())
+        for program in programs[2:]:
+            b.arrived(program, time.time())
+        heard: set[str] = set()
+        deadline = time.monotonic() + 5
+        while heard < set(programs) and time.monotonic() < deadline:
+            heard |= {program for program, _ in _moved_within(a, 0.2)}
+        assert heard >= set(programs)
+        assert b.refused == 1
+        counters = dict((name, value) for name, _, value in b.counters())
+        assert counters["cachettl_coherence_arrivals_refused_total"] == 1
+        assert counters["cachettl_coherence_arrivals_dropped_total"] == 0
+        assert counters["cachettl_coherence_arrivals_reported_total"] >= 4
+    finally:
+        a.close()
+        b.close()
