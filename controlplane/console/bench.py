@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import re
+import ssl
 import statistics
 import tempfile
 import threading
@@ -32,17 +33,23 @@ _REASONS = (MissReason.HIT, MissReason.EXPIRED, MissReason.HIT, MissReason.NOT_P
 
 
 class Client:
-    """A cookie-keeping HTTP client of one console (``http://127.0.0.1:port``)."""
+    """A cookie-keeping HTTP client of one console (HTTPS with ``tls``)."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
-        self.host, self.port = host, port
+    def __init__(
+        self, port: int, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.host, self.port, self.tls = host, port, tls
         self.cookies: dict[str, str] = {}
 
     def request(
         self, method: str, path: str, form: dict[str, str] | None = None
     ) -> tuple[int, dict[str, str], bytes]:
         """``(status, headers (lower-case names), body)``; keeps the cookies it is sent."""
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        conn = (
+            http.client.HTTPConnection(self.host, self.port, timeout=30)
+            if self.tls is None
+            else http.client.HTTPSConnection(self.host, self.port, timeout=30, context=self.tls)
+        )
         headers = {"cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())}
         body = None
         if form is not None:
