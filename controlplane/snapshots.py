@@ -43,7 +43,12 @@ from controlplane.errors import OverloadedError
 from controlplane.state import ModelState, in_slices
 from controlplane.wire import duration
 from estimator import DurationModel, Level
-from estimator.sketch import DEFAULT_POINTS, cdf_distance, sketch_points
+from estimator.sketch import (
+    DEFAULT_POINTS,
+    cdf_distance,
+    encode_points,
+    sketch_points,
+)
 
 __all__ = [
     "MAX_SNAPSHOT_BYTES",
@@ -68,7 +73,7 @@ SNAPSHOT_POINTS = 262_144
 MIN_POINTS_PER_MODEL = 16
 
 #: How far (sup |H − F|) a model's window may move from the summary engines hold before
-#: the summary is sent again (compact snapshots: decisions within 2·RESEND·B).
+#: the summary is sent again (compact snapshots: decisions within (2·RESEND + 2⁻¹⁰)·B).
 RESEND = 1.0 / 64
 
 #: How long a forked child may take to pickle the state before it is killed and the
@@ -253,11 +258,13 @@ class CompactSnapshots:
     tenant, :meth:`reply` from any thread).
 
     A model is summarised by ``points`` samples (:mod:`estimator.sketch`: its CDF is below
-    the window's by less than 1/K) and published again only when the window has moved
+    the window's by less than 1/K; on the wire as steps of a grid, rounded up by less than
+    a factor 1 + 2⁻¹⁰) and published again only when the window has moved
     more than ``resend`` from the summary engines hold (sup |H − F|, checked whenever the
     model learned), when its drift epoch changes, or when it crosses the back-off
-    threshold. So every engine's CDF stays within ``resend`` of the server's, and its
-    decisions within 2·resend·B of the raw-duration optimum. A delta holds the models
+    threshold. So every engine's CDF, before the wire's rounding, stays within
+    ``resend`` of the server's, and its decisions within (2·resend + 2⁻¹⁰)·B of the
+    raw-duration optimum. A delta holds the models
     published after the client's base version; the header (η, T, the threshold) rides in
     every reply.
     """
@@ -305,7 +312,7 @@ class CompactSnapshots:
                 entries[key] = replace(entry, model=model, seen=model.n_seen)
                 return
             points = sketch_points(samples, self.points)
-            wire = _compact_field(key, model, points)
+            wire = _compact_field(key, model, encode_points(points))
             entries[key] = _Published(
                 model, model.n_seen, points, n, model.drift_epoch, version, wire
             )
@@ -367,14 +374,14 @@ class CompactSnapshots:
         self._tables.pop(tenant, None)
 
 
-def _compact_field(key: inspection.ModelKey, model: DurationModel, points: np.ndarray) -> bytes:
+def _compact_field(key: inspection.ModelKey, model: DurationModel, steps: list[int]) -> bytes:
     level, tool, signature = key
     message = model_pb2.ToolModel(
         tool_name=tool,
         signature=signature,
         level=level.value,
-        sorted_durations_seconds=points.tolist(),
-        summarized=model.n_samples > points.shape[0] or level is Level.SHARED,
+        log_steps=steps,
+        summarized=model.n_samples > len(steps) or level is Level.SHARED,
         sample_count=model.n_samples,
         drift_epoch=model.drift_epoch,
         quantile_sketch=True,

@@ -19,8 +19,17 @@ its points, so its best lies at one of them: a τ* between two points scores no 
 than the point below it). For H alone the error is one-sided (H ≤ F), which sharpens
 the bound to ε·B with ε = 1/K: the objective at the compact decision is within B/K of
 the optimum. A control plane that resends a model only when sup |H_sent − F_now| passes
-δ (δ ≥ 1/K) keeps every engine within 2δ·B (``tests/estimator/test_sketch.py`` checks
-both bounds against the raw-duration decision on random distributions).
+δ (δ ≥ 1/K; measured before the wire's rounding below) keeps every engine within
+2δ·B (``tests/estimator/test_sketch.py`` checks both bounds against the raw-duration
+decision on random distributions).
+
+**On the wire** the points travel as steps on the grid x₀·(1 + r)^k (x₀ = 1 µs,
+r = 2⁻¹⁰), each rounded *up* (:func:`encode_points`): the first point's k, then each
+point's increase of k, a byte or two each instead of eight. Rounding up keeps the summary
+below F, and the optimum τ* rounded up is a candidate costing at most r·τ* ≤ r·B more
+(τ* ≤ B, or it would not pay), so the bounds become (1/K + r)·B and (2δ + r)·B, plus
+1 µs (under a
+TTL cap c, an optimum within a factor 1 + r below c can be rounded past it and lost).
 
 :class:`SketchModel` is a :class:`~estimator.durations.DurationModel` built from such a
 summary: it reports the window's true sample count (so the hierarchy backs off exactly
@@ -50,10 +59,24 @@ import numpy.typing as npt
 from estimator.durations import DurationModel
 from estimator.ttl import FloatArray
 
-__all__ = ["DEFAULT_POINTS", "SketchModel", "cdf_distance", "sketch_points", "sketch_ranks"]
+__all__ = [
+    "DEFAULT_POINTS",
+    "GRID_BASE_S",
+    "GRID_RATIO",
+    "SketchModel",
+    "cdf_distance",
+    "decode_points",
+    "encode_points",
+    "sketch_points",
+    "sketch_ranks",
+]
 
 #: Points a compact model is sent with (CDF error below 1/128).
 DEFAULT_POINTS = 128
+#: The wire grid of points: x₀ = GRID_BASE_S, x₀·(1 + GRID_RATIO)^k.
+GRID_BASE_S = 1e-6
+GRID_RATIO = 2.0**-10
+_LOG_STEP = math.log1p(GRID_RATIO)
 
 IntArray = npt.NDArray[np.int64]
 
@@ -85,6 +108,31 @@ def sketch_points(sorted_samples: FloatArray, points: int = DEFAULT_POINTS) -> F
         return np.array(sorted_samples, dtype=np.float64)
     picked: FloatArray = sorted_samples[sketch_ranks(n, points) - 1]
     return picked
+
+
+def encode_points(points: FloatArray) -> list[int]:
+    """Ascending durations as grid steps, each point rounded up to the grid: the first
+    point's k, then each increase of k (see the module docstring).
+
+    >>> encode_points(np.array([0.0, 1e-6, 1.0, 1.0, 2.0]))
+    [0, 0, 14154, 0, 711]
+    >>> decode_points([0, 0, 14154, 0, 711]).round(6).tolist()
+    [1e-06, 1e-06, 1.00001, 1.00001, 2.001721]
+    """
+    ratio = np.maximum(points, GRID_BASE_S) / GRID_BASE_S
+    k = np.ceil(np.log(ratio) / _LOG_STEP - 1e-9).astype(np.int64)
+    k = np.maximum.accumulate(np.maximum(k, 0))  # ascending in, ascending out
+    # Never below the point: the float grid value may fall a hair short of x.
+    short = GRID_BASE_S * np.exp(k * _LOG_STEP) < points
+    k = k + short
+    return np.diff(k, prepend=0).tolist()  # type: ignore[no-any-return]
+
+
+def decode_points(steps: Sequence[int]) -> FloatArray:
+    """The points of :func:`encode_points`' steps (ascending)."""
+    k = np.cumsum(np.asarray(steps, dtype=np.int64))
+    values: FloatArray = GRID_BASE_S * np.exp(k * _LOG_STEP)
+    return values
 
 
 def _cdf(points: FloatArray, ranks: IntArray, count: int, at: FloatArray) -> FloatArray:

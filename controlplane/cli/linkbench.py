@@ -1,15 +1,18 @@
 """`cachettl bench controlplane --links N`: the control plane under N engine links.
 
 Starts the server as real ``python -m controlplane serve`` processes — one on SQLite or
-PostgreSQL, or two replicas on one PostgreSQL schema (each tails the shared log) — creates
+PostgreSQL, or two or four replicas on one PostgreSQL schema (each tails the shared log) — creates
 a tenant, and runs N engine links as real gRPC clients
 (:class:`controlplane.rpc.client.ControlPlaneClient`, one channel per link). Each link, as
 an engine hook does (``enginehook.link``), every ``--flush`` seconds sends a batch of tool
 calls (``RecordToolCalls``, ``--link-rate`` events/s; a link whose previous batch is not yet
 acknowledged sends everything due in one, larger batch) and reports the batch's turn arrivals
 (``PinCoherenceService.ReportArrivals``; 2 % of them are programs of the next link, so some
-are moves), and follows a ``WatchSnapshots`` stream. With two replicas, even links talk to
-replica A, odd ones to replica B. The links run as threads (a sender and a stream reader
+are moves), and follows a ``WatchSnapshots`` stream: compact (one full snapshot, then
+deltas, which it checks build on the version it holds, asking for a full snapshot when
+not, as the engine hook does), or with ``--raw-snapshots`` whole snapshots of raw windows,
+as an engine hook that does not ask for compact ones. With replicas, link i talks to
+replica i mod R. The links run as threads (a sender and a stream reader
 per link) spread over ``--client-procs`` spawned processes, so that neither one
 interpreter's lock nor the client side starves the servers on a 2-core machine.
 
@@ -61,7 +64,12 @@ PROGRAMS_PER_LINK = 16
 MAX_BATCH = 500  # the hook's batch_events (enginehook.link.remote)
 READY_DEADLINE_S = 120.0
 CONVERGE_DEADLINE_S = 60.0
-SETUP_CHOICES = ("sqlite:1", "postgres:1", "postgres:2")
+SETUP_CHOICES = ("sqlite:1", "postgres:1", "postgres:2", "postgres:4")
+#: Admission limits of the benchmark's servers: one tenant, every link from one address.
+SERVER_LIMITS = (
+    *("--max-concurrent-rpcs", "1024", "--max-rpcs-per-tenant", "1024"),
+    *("--max-rpcs-per-peer", "1024"),
+)
 
 
 def add_link_flags(p: argparse.ArgumentParser) -> None:
@@ -78,6 +86,11 @@ def add_link_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--client-procs", type=int, default=4, help="processes running the links")
     p.add_argument(
+        "--raw-snapshots",
+        action="store_true",
+        help="links ask for whole snapshots of raw windows (engines before compact ones)",
+    )
+    p.add_argument(
         "--out", type=Path, default=Path("results/controlplane_links"), help="PATH(.md|.json)"
     )
 
@@ -89,6 +102,7 @@ class LoadConfig:
     link_rate: float
     flush_s: float
     client_procs: int
+    compact: bool = True
 
     @property
     def batch(self) -> int:
@@ -117,7 +131,8 @@ def _check(args: argparse.Namespace, seconds: float) -> tuple[LoadConfig, list[s
     if args.link_rate * args.flush > MAX_BATCH:
         raise ValueError(f"--link-rate x --flush must be at most {MAX_BATCH} events a batch")
     procs = min(args.client_procs, args.links)
-    return LoadConfig(args.links, seconds, args.link_rate, args.flush, procs), setups
+    cfg = LoadConfig(args.links, seconds, args.link_rate, args.flush, procs, not args.raw_snapshots)
+    return cfg, setups
 
 
 # -- servers ----------------------------------------------------------------------------
@@ -137,7 +152,7 @@ def _servers(db_url: str, count: int, logdir: Path) -> Iterator[list[Server]]:
     with ExitStack() as stack:
         servers = []
         for i in range(count):
-            name = "AB"[i] if count > 1 else "single"
+            name = "ABCD"[i] if count > 1 else "single"
             servers.append(stack.enter_context(_server(db_url, name, logdir)))
         yield servers
 
@@ -145,7 +160,7 @@ def _servers(db_url: str, count: int, logdir: Path) -> Iterator[list[Server]]:
 @contextmanager
 def _server(db_url: str, name: str, logdir: Path) -> Iterator[Server]:
     cmd = [sys.executable, "-m", "controlplane", "serve", "--db", db_url, "--listen"]
-    cmd += ["127.0.0.1:0", "--min-samples", "10", "--max-concurrent-rpcs", "1024"]
+    cmd += ["127.0.0.1:0", "--min-samples", "10", *SERVER_LIMITS]
     log = logdir / f"serve-{name}-{time.monotonic_ns()}.log"
     with log.open("w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -217,6 +232,8 @@ class LinkRecord:
     foreign: int = 0
     moved: int = 0
     stream_error: str | None = None
+    full_snapshots: int = 0
+    missed_deltas: int = 0
 
 
 class _Link:
@@ -229,13 +246,25 @@ class _Link:
         self.closing = False
         self.rng = random.Random(index)
 
-    def watch(self) -> None:
+    def watch(self, compact: bool) -> None:
+        """Follow the stream; a delta on a base this link does not hold (lineage, version)
+        opens a new stream that starts with a full snapshot."""
         import grpc
 
+        lineage = 0
         try:
-            for snap in self.client.watch_snapshots():
-                self.record.snaps.append((time.monotonic(), snap.version, snap.ByteSize()))
-                self.latest = snap.version
+            while not self.closing:
+                stream = self.client.watch_snapshots(self.latest, compact=compact, lineage=lineage)
+                for snap in stream:
+                    self.record.snaps.append((time.monotonic(), snap.version, snap.ByteSize()))
+                    if snap.delta and (snap.base_version, snap.lineage) != (self.latest, lineage):
+                        self.record.missed_deltas += 1
+                        lineage = 0
+                        break
+                    self.record.full_snapshots += not snap.delta
+                    self.latest, lineage = snap.version, snap.lineage
+                if not compact:
+                    return
         except grpc.RpcError as error:
             if not self.closing:
                 self.record.stream_error = str(error.code())
@@ -300,7 +329,9 @@ def _client_process(
     out = ctl["out"]
     try:
         links = [_Link(i, target, replica, token) for i, target, replica in specs]
-        watchers = [threading.Thread(target=link.watch, daemon=True) for link in links]
+        watchers = [
+            threading.Thread(target=link.watch, args=(cfg.compact,), daemon=True) for link in links
+        ]
         for t in watchers:
             t.start()
         _poll(lambda: all(x.latest >= SEED_EVENTS for x in links), READY_DEADLINE_S, "streams")
@@ -440,7 +471,7 @@ def _command(cfg: LoadConfig, setups: list[str]) -> str:
     return (
         f"cachettl bench controlplane --links {cfg.links} --seconds {cfg.seconds:g} "
         f"--link-rate {cfg.link_rate:g} --flush {cfg.flush_s:g} --setups {','.join(setups)} "
-        f"--client-procs {cfg.client_procs}"
+        f"--client-procs {cfg.client_procs}" + ("" if cfg.compact else " --raw-snapshots")
     )
 
 

@@ -97,6 +97,9 @@ def summarize(
         "snapshots_streamed": len(snaps),
         "snapshot_bytes_streamed": sum(s[2] for s in snaps),
         "snapshot_bytes_mean": float(np.mean([s[2] for s in snaps])) if snaps else 0.0,
+        "snapshot_bytes_per_link_per_s": sum(s[2] for s in snaps) / max(len(records), 1) / window,
+        "full_snapshots": sum(r.get("full_snapshots", 0) for r in records),
+        "missed_deltas": sum(r.get("missed_deltas", 0) for r in records),
         "arrivals_reported": sum(r["arrivals"] for r in records),
         "foreign_arrivals": sum(r["foreign"] for r in records),
         "moves": sum(r["moved"] for r in records),
@@ -112,9 +115,9 @@ def table(report: dict[str, Any]) -> list[str]:
     head = (
         "| setup | links | events/s accepted (offered) | ack p50 / p99 ms | lag to every "
         "link p50 / p99 / max s | lag by replica written → streaming, p99 s | server CPU s "
-        "per 1,000 events | peak RSS MiB | snapshots streamed (MiB) |"
+        "per 1,000 events | peak RSS MiB | snapshots streamed (MiB) | bytes per link per s |"
     )
-    rows = [head, "|" + " --- |" * 9]
+    rows = [head, "|" + " --- |" * 10]
     for s in report["setups"]:
         lags = s["convergence_lag_s"]
         by_replica = ", ".join(f"{k} {v['p99']:.2f}" for k, v in lags.items() if k != "all")
@@ -124,7 +127,8 @@ def table(report: dict[str, Any]) -> list[str]:
             f"({s['events_offered_per_s']:,.0f}) | {s['ack_latency_ms']['p50']:.1f} / "
             f"{s['ack_latency_ms']['p99']:.1f} | {_lag_text(lags['all'])} | {by_replica} | "
             f"{s['server_cpu_s_per_1000_events']:.2f} | {rss} | "
-            f"{s['snapshots_streamed']:,} ({s['snapshot_bytes_streamed'] / 2**20:.1f}) |"
+            f"{s['snapshots_streamed']:,} ({s['snapshot_bytes_streamed'] / 2**20:.1f}) | "
+            f"{s['snapshot_bytes_per_link_per_s']:,.0f} |"
         )
     return rows
 
@@ -143,23 +147,27 @@ def details(report: dict[str, Any]) -> list[str]:
             f"KiB; {s['links_converged']} of {s['links']} links converged "
             f"({s['convergence_missing']} batch-link pairs never seen); arrivals "
             f"{s['arrivals_reported']:,}, of which {s['foreign_arrivals']} on another "
-            f"link's engine, moves told {s['moves']}."
+            f"link's engine, moves told {s['moves']}; full snapshots {s['full_snapshots']}, "
+            f"deltas on a base not held {s['missed_deltas']}."
         )
     return lines
 
 
 def ratios(report: dict[str, Any]) -> list[str]:
-    """Two replicas against one server, when the report has both."""
+    """Replicas against one server, when the report has both."""
     by = {s["setup"]: s for s in report["setups"]}
-    one, two = by.get("postgres:1"), by.get("postgres:2")
-    if one is None or two is None:
-        return []
-    cpu = two["server_cpu_s_per_1000_events"] / one["server_cpu_s_per_1000_events"]
-    lag = two["convergence_lag_s"]["all"]["p99"] / one["convergence_lag_s"]["all"]["p99"]
-    return [
-        f"Two replicas against one server (same run, same load): server CPU per event "
-        f"×{cpu:.2f}, convergence lag p99 ×{lag:.2f}."
-    ]
+    one = by.get("postgres:1")
+    lines = []
+    for name, many in (("Two", by.get("postgres:2")), ("Four", by.get("postgres:4"))):
+        if one is None or many is None:
+            continue
+        cpu = many["server_cpu_s_per_1000_events"] / one["server_cpu_s_per_1000_events"]
+        lag = many["convergence_lag_s"]["all"]["p99"] / one["convergence_lag_s"]["all"]["p99"]
+        lines.append(
+            f"{name} replicas against one server (same run, same load): server CPU per event "
+            f"×{cpu:.2f}, convergence lag p99 ×{lag:.2f}."
+        )
+    return lines
 
 
 def markdown(report: dict[str, Any]) -> str:

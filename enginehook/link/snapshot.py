@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from estimator import DurationHierarchy, Level, Models, TtlPolicy
-from estimator.sketch import SketchModel
+from estimator.sketch import SketchModel, decode_points
 from estimator.workload import MemoryFactor, QueueDelay, RemainingTurns
 
 if TYPE_CHECKING:
@@ -211,7 +211,9 @@ def follow(
                     m.tool_name,
                     m.signature,
                     m.level,
-                    list(m.sorted_durations_seconds),
+                    decode_points(m.log_steps).tolist()
+                    if m.log_steps
+                    else list(m.sorted_durations_seconds),
                     m.sample_count,
                     m.quantile_sketch,
                     m.drift_epoch,

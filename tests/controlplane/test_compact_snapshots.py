@@ -50,7 +50,8 @@ def test_a_full_compact_snapshot_then_deltas_of_what_changed(serve: Callable[...
         }
         for m in full.models:
             assert m.quantile_sketch
-            assert len(m.sorted_durations_seconds) == DEFAULT_POINTS
+            assert len(m.log_steps) == DEFAULT_POINTS
+            assert not m.sorted_durations_seconds
             assert m.sample_count == 400 or m.level == "all-tools"
         # A few more calls of a known shape: within the resend bound, nothing is resent
         # but the version moves (header only).
@@ -104,6 +105,4 @@ def test_a_replica_on_the_same_log_sends_a_full_snapshot_of_its_own_lineage(
         assert not moved.delta
         assert moved.lineage != held.lineage
         assert moved.version == held.version  # equal versions: equal models on any replica
-        assert [list(m.sorted_durations_seconds) for m in moved.models] == [
-            list(m.sorted_durations_seconds) for m in held.models
-        ]
+        assert [list(m.log_steps) for m in moved.models] == [list(m.log_steps) for m in held.models]

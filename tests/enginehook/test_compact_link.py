@@ -15,6 +15,7 @@ from controlplane.storage import create_store
 from enginehook.link.remote import GrpcTransport
 from enginehook.link.snapshot import MissedDeltaError, SnapshotData, models_from_snapshot
 from estimator import Level, RequestFacts, get_policy
+from estimator.sketch import GRID_RATIO
 from tests.support import running
 
 TOOLS = {"bash": 0.4, "grep": 0.03, "edit": 4.0, "web": 12.0}
@@ -58,7 +59,11 @@ def _check_within_bound(plane: ControlPlane, tenant, snap: SnapshotData) -> int:
                 loss = _objective(window, raw.ttl_s, benefit) - _objective(
                     window, mine.ttl_s, benefit
                 )
-                assert -1e-9 <= loss <= 2 * RESEND * benefit + 1e-9, (tool, args, benefit)
+                assert -1e-9 <= loss <= (2 * RESEND + GRID_RATIO) * benefit + 1e-6, (
+                    tool,
+                    args,
+                    benefit,
+                )
                 checked += 1
     return checked
 
@@ -78,8 +83,9 @@ def test_engine_decisions_from_compact_snapshots_and_deltas_stay_within_the_boun
             assert _check_within_bound(plane, tenant, first) == 60
             # A delta (merged by the transport's follower) after the durations moved.
             _record(plane, tenant, rng, 800, "b", shift=3.0)  # durations moved
-            second = next(stream)
-            assert second.version == plane.tenant_version(tenant)
+            target = plane.tenant_version(tenant)
+            second = next(s for s in stream if s.version >= target)  # deltas merged on the way
+            assert second.version == target
             assert {m.key for m in second.models} == {m.key for m in first.models}
             _check_within_bound(plane, tenant, second)
             stream.close()

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from estimator import DurationHierarchy, Level, RequestFacts, get_policy
-from estimator.sketch import SketchModel, cdf_distance, sketch_points
+from estimator.sketch import (
+    GRID_BASE_S,
+    GRID_RATIO,
+    SketchModel,
+    cdf_distance,
+    decode_points,
+    encode_points,
+    sketch_points,
+)
 from estimator.ttl import best_ttl_sorted
 
 
@@ -154,3 +162,21 @@ def test_bad_summaries_are_refused_with_what_was_wrong():
         SketchModel.of([1.0, 2.0], count=1)
     with pytest.raises(ValueError, match="points must be >= 1"):
         sketch_points(np.array([1.0]), 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    window=windows(),
+    points=st.sampled_from([16, 128]),
+    benefit=st.floats(0.01, 200.0),
+)
+def test_points_on_the_wire_grid_decide_within_1_over_k_plus_r(window, points, benefit):
+    exact = sketch_points(window, points)
+    wire = decode_points(encode_points(exact))
+    assert (np.diff(wire) >= 0).all()
+    assert (wire >= exact).all()
+    assert (wire <= np.maximum(exact, GRID_BASE_S) * (1 + GRID_RATIO) * (1 + 1e-12)).all()
+    raw_tau, _ = best_ttl_sorted(window, benefit)
+    tau, _ = SketchModel.of(wire, count=window.size).best_ttl(benefit)
+    loss = _objective(window, raw_tau, benefit) - _objective(window, tau, benefit)
+    assert loss < (1 / points + GRID_RATIO) * benefit + GRID_BASE_S + 1e-9

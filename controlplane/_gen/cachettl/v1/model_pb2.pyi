@@ -20,7 +20,7 @@ class WatchSnapshotsRequest(_message.Message):
     def __init__(self, after_version: _Optional[int] = ..., compact: _Optional[bool] = ..., lineage: _Optional[int] = ...) -> None: ...
 
 class ToolModel(_message.Message):
-    __slots__ = ("tool_name", "signature", "level", "sorted_durations_seconds", "summarized", "sample_count", "drift_epoch", "quantile_sketch")
+    __slots__ = ("tool_name", "signature", "level", "sorted_durations_seconds", "summarized", "sample_count", "drift_epoch", "quantile_sketch", "log_steps")
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class ToolModel(_message.Message):
     SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
     DRIFT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     QUANTILE_SKETCH_FIELD_NUMBER: _ClassVar[int]
+    LOG_STEPS_FIELD_NUMBER: _ClassVar[int]
     tool_name: str
     signature: str
     level: str
@@ -37,7 +38,8 @@ class ToolModel(_message.Message):
     sample_count: int
     drift_epoch: int
     quantile_sketch: bool
-    def __init__(self, tool_name: _Optional[str] = ..., signature: _Optional[str] = ..., level: _Optional[str] = ..., sorted_durations_seconds: _Optional[_Iterable[float]] = ..., summarized: _Optional[bool] = ..., sample_count: _Optional[int] = ..., drift_epoch: _Optional[int] = ..., quantile_sketch: _Optional[bool] = ...) -> None: ...
+    log_steps: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tool_name: _Optional[str] = ..., signature: _Optional[str] = ..., level: _Optional[str] = ..., sorted_durations_seconds: _Optional[_Iterable[float]] = ..., summarized: _Optional[bool] = ..., sample_count: _Optional[int] = ..., drift_epoch: _Optional[int] = ..., quantile_sketch: _Optional[bool] = ..., log_steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WatchSnapshotsResponse(_message.Message):
     __slots__ = ("version", "models", "eta", "queue_delay", "min_samples", "delta", "base_version", "lineage", "cdf_error")
