@@ -3,8 +3,10 @@
 Fills a store with one tenant holding ``tools`` tools and ``signatures`` signatures (half of
 them under one tool, so that one tool's signature list is at its longest), starts the gRPC
 server and the console in this process, logs in over HTTP like a browser, and loads each
-page (and its JSON) ``repeat`` times. Prints the median and slowest time and the size of
-each. :class:`Client` is a minimal cookie-keeping HTTP client (the login form's protocol).
+page (and its JSON) ``repeat`` times, recording one new event of the tenant before each
+load so that no load reuses the store reads of the one before. Prints the median and
+slowest time and the size of each. :class:`Client` is a minimal cookie-keeping HTTP client
+(the login form's protocol).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +161,13 @@ def run(tools: int, signatures: int, repeat: int, db: str | None) -> None:
             client = Client(port)
             if client.login(token) != 303:
                 raise RuntimeError("bench: logging in failed")
-            _pages(client, repeat, tools)
+            seq = iter(range(10**9))
+
+            def touch() -> object:
+                call = ToolCall(f"touch-{next(seq)}", "p-touch", f"t{tools - 1:04d}", "", 0.5)
+                return plane.record_tool_calls(tenant, [call])
+
+            _pages(client, repeat, tools, touch)
         finally:
             asyncio.run_coroutine_threadsafe(console.stop(), loop).result(30)
             asyncio.run_coroutine_threadsafe(server.stop(1.0), loop).result(30)
@@ -166,7 +175,7 @@ def run(tools: int, signatures: int, repeat: int, db: str | None) -> None:
             store.close()
 
 
-def _pages(client: Client, repeat: int, tools: int) -> None:
+def _pages(client: Client, repeat: int, tools: int, touch: Callable[[], object]) -> None:
     pages = [
         "/tools",
         "/tools?sort=calls",
@@ -186,6 +195,7 @@ def _pages(client: Client, repeat: int, tools: int) -> None:
             client.get(target)
             times, size = [], 0
             for _ in range(repeat):
+                touch()  # a new event: the page's store reads are not reused
                 t0 = time.perf_counter()
                 status, body = client.get(target)
                 times.append(time.perf_counter() - t0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from controlplane.console.app import make_app
+from controlplane.console.app import HERE, make_app
 from controlplane.console.sessions import Sessions
 from controlplane.console.views import Sources
 from controlplane.console.watch import History
@@ -27,6 +27,8 @@ from controlplane.rpc.server import ControlPlaneServer, ServerOptions
 __all__ = ["Console", "ConsoleOptions", "serve_with_console"]
 
 log = logging.getLogger(__name__)
+#: Where scripts/setup puts the chart library (git ignores it).
+VENDOR = HERE / "static" / "vendor"
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ class Console:
 
     async def start(self) -> int:
         """Bind and serve (after the gRPC server started); returns the bound port."""
+        if not (VENDOR / "uPlot.iife.min.js").is_file():
+            raise ValueError(
+                f"--console: the chart library is missing from {VENDOR}; scripts/setup "
+                "copies it there (uPlot, from the npm registry)"
+            )
         servicer = self.server._servicer  # built by start(): the one the RPCs use
         src = Sources(self.server.plane, servicer, History(self.options.history_keep))
         src.moves.attach(servicer.coherence)

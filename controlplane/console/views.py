@@ -14,6 +14,8 @@ of a tool, and the misses listed are the newest ``MISSES_LISTED``.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +38,8 @@ TIMELINE_BUCKETS = 24
 MISSES_LISTED = 20
 #: Context length of the TTL decision shown when the viewer names none (tokens).
 CONTEXT_TOKENS = 32_768
+#: Store reads kept (``Sources.read``).
+READS_KEPT = 256
 #: Where zero durations sit on the histogram's log axis (seconds).
 LOG_FLOOR_S = 1e-3
 
@@ -49,6 +53,20 @@ class Sources:
     servicer: Any = None
     history: History = field(default_factory=History)
     moves: MovesTold = field(default_factory=MovesTold)
+    #: Store reads of a tool (misses, timelines) by (what, tenant, tool, tenant version):
+    #: a page polled while nothing new arrived reads the database once.
+    reads: OrderedDict[tuple[str, str, str, int], Any] = field(default_factory=OrderedDict)
+
+    def read(self, what: str, tenant: Tenant, tool: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, or what it gave for the same tenant version (the newest 256 kept)."""
+        key = (what, tenant.name, tool, self.plane.tenant_version(tenant))
+        if key in self.reads:
+            self.reads.move_to_end(key)
+            return self.reads[key]
+        value = self.reads[key] = fn()
+        while len(self.reads) > READS_KEPT:
+            self.reads.popitem(last=False)
+        return value
 
 
 def _num(x: float | None) -> float | None:
@@ -270,8 +288,8 @@ def tool(
             "context_tokens": context_tokens,
         },
         "pins": pins,
-        "misses": _misses(src, who, name),
-        "timeline": _timeline(src, who, name),
+        "misses": src.read("misses", tenant, name, lambda: _misses(src, who, name)),
+        "timeline": src.read("timeline", tenant, name, lambda: _timeline(src, who, name)),
         "signatures": _signatures(src, who, name, q, page),
     }
 
