@@ -27,15 +27,12 @@ import math
 import random
 from collections.abc import Callable, Sequence
 
-from simulator.drawing import CONTEXT_WINDOW, Invocation, WorkloadSpec, draw_program
+from simulator.drawing import Invocation, WorkloadSpec, draw_program
 from simulator.families import FAMILIES, generate_family, is_family
 from simulator.trace import Program, Turn, redraw_arrivals, scale_turns
 
 __all__ = [
-    "CONTEXT_WINDOW",
     "WORKLOADS",
-    "Invocation",
-    "WorkloadSpec",
     "generate",
     "get_workload",
 ]

@@ -1,17 +1,16 @@
 """TTL-aware routing in a router's own extension point.
 
 :mod:`enginehook.routing.rule` is the rule, a pure function of what the replicas publish
-(no clock, no Ray); :mod:`enginehook.routing.router` is the state a router keeps around it
-(:class:`TtlRouter`), with :mod:`enginehook.routing.drops` posting the drop of a pin the
-rule escaped to its holder (:class:`PinDrops`); :mod:`enginehook.routing.ray` runs it as a
-Ray Serve ``RequestRouter`` (it imports Ray, which only the ``ray`` extra installs: import
-it by its path).
+(no clock, no Ray), and what a replica publishes; :mod:`enginehook.routing.router` is the
+state a router keeps around it (``TtlRouter``), with :mod:`enginehook.routing.drops` posting
+the drop of a pin the rule escaped to its holder (``PinDrops``); :mod:`enginehook.routing.ray`
+runs it as a Ray Serve ``RequestRouter`` (it imports Ray, which only the ``ray`` extra
+installs: import it by its path). The simulator's ``ttl-aware`` router hosts the same
+``TtlRouter``. This package exports the rule's names.
 """
 
 from __future__ import annotations
 
-from enginehook.routing.drops import PinDrops
-from enginehook.routing.router import TtlRouter
 from enginehook.routing.rule import (
     STATS_KEY,
     Last,
@@ -19,7 +18,6 @@ from enginehook.routing.rule import (
     PinView,
     Queued,
     ReplicaView,
-    Route,
     replica_stats,
     route,
     view_of,
@@ -29,12 +27,9 @@ __all__ = [
     "STATS_KEY",
     "Last",
     "Memory",
-    "PinDrops",
     "PinView",
     "Queued",
     "ReplicaView",
-    "Route",
-    "TtlRouter",
     "replica_stats",
     "route",
     "view_of",

@@ -18,28 +18,17 @@ ttl-aware            ours: back to a live pin's holder unless waiting costs more
 """
 
 from simulator.cluster import peers, progsched, ttlaware, vllm_router
-from simulator.cluster.base import (
-    ROUTERS,
-    EngineView,
-    Router,
-    TurnRequest,
-    get_router,
-    register_router,
-)
-from simulator.cluster.cluster import Cluster, ClusterResult, TopologyChange, simulate_cluster
+from simulator.cluster.base import ROUTERS, TurnRequest, get_router
+from simulator.cluster.cluster import Cluster, TopologyChange, simulate_cluster
 
 __all__ = [
     "ROUTERS",
     "Cluster",
-    "ClusterResult",
-    "EngineView",
-    "Router",
     "TopologyChange",
     "TurnRequest",
     "get_router",
     "peers",
     "progsched",
-    "register_router",
     "simulate_cluster",
     "ttlaware",
     "vllm_router",

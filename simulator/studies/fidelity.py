@@ -39,7 +39,6 @@ from simulator.studies.calibration import (
 from simulator.trace import Program
 
 __all__ = [
-    "Calibration",
     "FittedStepTimer",
     "HookPolicy",
     "StepSample",

@@ -22,7 +22,7 @@ from typing import Any
 from enginehook.core.rules import SchedulingRules
 from simulator.studies.study import PEERS, WORKLOADS, Study, output_path, study_arguments
 
-__all__ = ["FAIR_END", "PEERS", "POINTS", "covered", "register"]
+__all__ = ["FAIR_END", "POINTS", "covered", "register"]
 
 #: The curve's fairest point: new programs' first turns ahead of pinned returning turns too.
 FAIR_END = "first_turn_over_pins=1"
