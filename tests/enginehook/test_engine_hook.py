@@ -206,9 +206,10 @@ def test_waiting_order_follows_the_priority_key(driver, clock):
         driver.drain()
     finally:
         sched.max_num_running_reqs, sched.max_num_active_reqs = saved
-    # The pinned returning turn first, then new programs' first turns (a request without a
-    # session is one too) in arrival order, then the unpinned returning turn.
-    assert driver.finished_order == ["Y-2", "X", "W", "Old-2"]
+    # New programs' first turns first (a request without a session is one too), in arrival
+    # order, ahead of the pinned returning turn (the default, so that a new session never
+    # waits behind pins), then the pinned returning turn, then the unpinned one.
+    assert driver.finished_order == ["X", "W", "Y-2", "Old-2"]
 
 
 def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
