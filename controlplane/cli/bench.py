@@ -51,6 +51,9 @@ def register_bench(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--postgres", default=PG_DEFAULT, metavar="URL", help="'' to skip")
     add_link_flags(p)  # --links N: controlplane.cli.linkbench
     p.set_defaults(handler=_run)
+    from controlplane.cli.watchbench import register as register_watch
+
+    register_watch(bench)  # cachettl bench slow-watchers
 
 
 @contextmanager
