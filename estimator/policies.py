@@ -275,7 +275,7 @@ def _widen(
 
 @register_policy
 class ContinuumPolicy(TtlPolicy):
-    """The paper's policy (DESIGN.md §3): the tool's CDF, else all tools', else Exp(1 s).
+    """Continuum's policy (arXiv 2511.02230): the tool's CDF, else all tools', else Exp(1 s).
 
     >>> models = get_policy("continuum").new_models(min_samples=3)
     >>> for d in [0.1, 0.2, 0.3, 0.4, 30.0]:
@@ -295,7 +295,7 @@ class ContinuumPolicy(TtlPolicy):
 
 @register_policy
 class CachettlPolicy(TtlPolicy):
-    """Ours (DESIGN.md §4): per-invocation keys with back-off, drift forgetting, shared
+    """Ours: per-invocation keys with back-off, drift forgetting, shared
     cross-tenant priors for cold start (when the tenant shares), a hard TTL cap, a holding
     cost priced by the load of the moment (``load_aware``; λ = 1 when the caller passes no
     load signals), η from the program's own progress (``per_program``) and, with

@@ -196,7 +196,7 @@ def exponential_ttl(benefit_s: float, mean_s: float = 1.0) -> float:
     """Cold-start TTL for durations ~ Exp(mean): ``mean·ln(B/mean)`` if B > mean, else 0.
 
     Maximises ``(1 − e^{−τ/μ})·B − τ``: the derivative ``(B/μ)e^{−τ/μ} − 1`` vanishes at
-    τ = μ·ln(B/μ) (DESIGN.md §3, notes/paper.md §2.6).
+    τ = μ·ln(B/μ) (the cold-start rule of Continuum, arXiv 2511.02230).
 
     >>> round(exponential_ttl(math.e), 6)
     1.0
