@@ -197,7 +197,7 @@ def _pareto(n: int, seed: int, params: Params) -> list[Program]:
     return _map_calls(_programs("pareto", n, seed, spec), change)
 
 
-#: TraceLab's think time between turns (field-2026.md §3): median 1.4 min, P90 20.6 min.
+#: TraceLab's think time between turns (arXiv 2606.30560): median 1.4 min, P90 20.6 min.
 THINK_MEDIAN_S = 84.0
 THINK_SIGMA = math.log(20.6 * 60.0 / THINK_MEDIAN_S) / 1.2816
 THINK_CAP_S = 3600.0

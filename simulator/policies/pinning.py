@@ -42,7 +42,7 @@ __all__ = [
     "count",
 ]
 
-#: The paper's rules (DESIGN.md §3): program order with pinned programs first (new programs'
+#: Continuum's rules (arXiv 2511.02230): program order with pinned programs first (new programs'
 #: first turns included), pins released for any blocked allocation, victims by latest program
 #: arrival, no cap, no budget, the same rules with a CPU tier.
 PAPER_RULES = SchedulingRules(
@@ -136,7 +136,7 @@ class PinningPolicy(SchedulingPolicy):
 
 @register_scheduling_policy
 class Continuum(PinningPolicy):
-    """The paper (DESIGN.md §3): its TTL and :data:`PAPER_RULES`."""
+    """Continuum (arXiv 2511.02230): its TTL and :data:`PAPER_RULES`."""
 
     name = "continuum"
     help = "the paper's TTL (estimator 'continuum'), models learned online"
