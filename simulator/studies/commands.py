@@ -29,7 +29,9 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
 def _workload_arguments(parser: argparse.ArgumentParser, trace: bool) -> None:
     if trace:
         source = parser.add_mutually_exclusive_group(required=True)
-        source.add_argument("--trace", metavar="FILE", help="a JSON Lines trace (DESIGN.md §5.1)")
+        source.add_argument(
+            "--trace", metavar="FILE", help="a JSON Lines trace (format: simulator/trace.py)"
+        )
         source.add_argument("--workload", metavar="NAME", help="generate: swe or bfcl")
     else:
         parser.add_argument("--workload", metavar="NAME", default="swe", help="swe or bfcl")
