@@ -32,6 +32,7 @@ from controlplane.console.sessions import (
     login_token_matches,
     new_login_token,
 )
+from controlplane.errors import StorageError
 
 __all__ = ["SECURITY_HEADERS", "make_app"]
 
@@ -98,10 +99,17 @@ class _Console:
     def routes_of(self, path: str, build: _Handler) -> list[Route]:
         """The page at ``path`` and its JSON twin at ``/api`` + ``path``."""
 
+        async def built(request: Request) -> tuple[Viewer, str, dict[str, Any]]:
+            viewer = await self.viewer_of(request)
+            try:
+                template, data = await build(request, viewer)
+            except StorageError:
+                raise DeniedError(503, "the database is unavailable: try again shortly") from None
+            return viewer, template, data
+
         async def html(request: Request) -> Response:
             try:
-                viewer = await self.viewer_of(request)
-                template, data = await build(request, viewer)
+                viewer, template, data = await built(request)
             except DeniedError as denied:
                 return self.denied_page(request, denied)
             api = "/api" + path + ("?" + request.url.query if request.url.query else "")
@@ -109,7 +117,7 @@ class _Console:
 
         async def api(request: Request) -> Response:
             try:
-                _, data = await build(request, await self.viewer_of(request))
+                _, _, data = await built(request)
             except DeniedError as denied:
                 return JSONResponse({"error": denied.message}, denied.status)
             return JSONResponse(data)

@@ -25,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from controlplane.errors import OverloadedError, StorageError
 from controlplane.records import Tenant
 from controlplane.rpc.auth import TenantCache
 
@@ -127,13 +128,19 @@ class Sessions:
             return Viewer(None, session.csrf)
         try:
             tenant = await self._tenant(session.token)
-        except DeniedError:
-            self.logout(sid or "")
+        except DeniedError as denied:
+            if denied.status != 503:  # the token no longer holds (503: try again)
+                self.logout(sid or "")
             raise
         return Viewer(tenant, session.csrf)
 
     async def _tenant(self, token: str) -> Tenant:
-        tenant = await self.tenants.tenant(token)
+        try:
+            tenant = await self.tenants.tenant(token)
+        except OverloadedError as error:  # too many lookups of unknown tokens at once
+            raise DeniedError(503, f"{error}") from None
+        except StorageError:
+            raise DeniedError(503, "the database is unavailable: try again shortly") from None
         if tenant is None:
             raise DeniedError(401, "unknown token: no tenant holds it")
         if tenant.revoked_at is not None:

@@ -35,6 +35,7 @@ from controlplane.rpc.client import ControlPlaneClient
 from controlplane.rpc.server import ServerOptions
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
+from tests.controlplane.conftest import pg_schemas  # noqa: F401 - a fixture used here
 from tests.support import ServerThread
 
 ADMIN = "admin-token-for-the-console-tests"

@@ -10,12 +10,20 @@ import json
 import logging
 import re
 import urllib.parse
+from collections.abc import Callable
 
 import pytest
+from sqlalchemy import create_engine, text
 from starlette.routing import Route
 
 from controlplane.console.bench import Client
-from tests.console.conftest import RIVAL_MARKERS, Cluster
+from controlplane.console.host import Console, ConsoleOptions
+from controlplane.rpc.server import ServerOptions
+from controlplane.service import ControlPlane
+from controlplane.storage import create_store
+from tests.console.conftest import ADMIN, RIVAL_MARKERS, Cluster, _calls
+from tests.controlplane.conftest import PG_BASE, pg_url
+from tests.support import ServerThread
 
 #: Query strings that name the rival's tenant, tool and signature.
 RIVAL_QUERIES: tuple[dict[str, str], ...] = (
@@ -218,3 +226,40 @@ def test_cookies_headers_and_logs_keep_the_token_out(
             assert h["referrer-policy"] == "no-referrer"
     assert token not in caplog.text
     assert caplog.records  # the access log did log the requests
+
+
+def test_the_database_away_gets_a_clear_answer(pg_schemas: Callable[[], str]) -> None:
+    """While the database is away, a page that must read it answers 503 saying so, a
+    login that must look its token up too; pages of what is in memory still answer, and
+    sessions outlive the outage."""
+    schema = pg_schemas()
+    store = create_store(pg_url(schema))
+    plane = ControlPlane(store)
+    tenant, token = plane.create_tenant("acme")
+    plane.record_tool_calls(tenant, _calls("acme", "bash", ["ls"], 50, 1))
+    thread = ServerThread(plane, ServerOptions(listen="127.0.0.1:0"))
+    console = Console(thread.server, ConsoleOptions("127.0.0.1:0", ADMIN))
+    port = thread.run(console.start())
+    engine = create_engine(PG_BASE, isolation_level="AUTOCOMMIT")
+    try:
+        acme, admin, newcomer = Client(port), Client(port), Client(port)
+        assert acme.login(token) == 303
+        assert admin.login(ADMIN) == 303
+        assert acme.get("/tool?name=bash")[0] == 200
+        with engine.connect() as c:
+            c.execute(text(f"ALTER SCHEMA {schema} RENAME TO {schema}_away"))
+        status, body = admin.get("/api/tenants")
+        assert status == 503
+        assert "database is unavailable" in json.loads(body)["error"]
+        assert b"database is unavailable" in admin.get("/tenants")[1]
+        assert newcomer.login("cttl_unknown-token") == 503
+        assert acme.get("/api/tool?name=bash")[0] == 200  # nothing new: reads reused
+        assert acme.get("/api/workload")[0] == 200
+        with engine.connect() as c:
+            c.execute(text(f"ALTER SCHEMA {schema}_away RENAME TO {schema}"))
+        assert admin.get("/api/tenants")[0] == 200
+    finally:
+        engine.dispose()
+        thread.run(console.stop())
+        thread.stop()
+        store.close()
