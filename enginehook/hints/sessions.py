@@ -27,7 +27,11 @@ The winning id must be 1..256 characters without control characters (the control
 program-id limit; printable text in any script is accepted, only Unicode control
 characters, category ``Cc``, are refused); otherwise the answer is HTTP 400 naming the
 header or field. A header's id is counted in bytes (vLLM reads header bytes as Latin-1, one
-character a byte) and must be UTF-8. Ids that do not win are not looked at, but every
+character a byte) and must be UTF-8; a winning header id that is not ASCII reaches vLLM in
+the body instead (``session_id``, or ``vllm_xargs.session_id`` where vLLM reads no body
+``session_id``; the request's ``X-Session-ID`` dropped), so the engine keys the id as
+sent and not vLLM's Latin-1 reading of its bytes (a router's drop by the real id finds
+the pin). Ids that do not win are not looked at, but every
 header the middleware reads (:data:`SOURCES`' headers, :data:`AGENT_HEADERS`,
 :data:`PARENT_HEADER`, :data:`FINAL_HEADER`) must come at most once: vLLM reads the first
 of two ``X-Session-ID`` headers, so two of any is HTTP 400 naming the header.
@@ -81,7 +85,16 @@ still wins over it, as over every flat hint).
 (:meth:`enginehook.hints.flat.Hints.from_extra_args`): a bad value is HTTP 400 naming
 ``vllm_xargs.<key>``.
 
-Only ``POST`` to :data:`PATHS` is looked at. A body nested deeper than
+Only ``POST`` to :data:`PATHS` is looked at. A body is decoded as vLLM decodes it (JSON's
+encoding detection: UTF-8 with or without a BOM, UTF-16, UTF-32), so an id in such a body
+is checked like any other; the engine checks ids again itself
+(:mod:`enginehook.hints.ids`), for bodies the middleware does not read.
+
+Finding a worker's hook: every answer to a request the middleware reads carries
+``X-CacheTTL-Hook`` (:data:`HOOK_HEADER`) naming the hook's endpoint, and ``GET``
+:data:`DISCOVERY_PATH` on the API port answers it as JSON (:func:`hook_endpoint`: the
+endpoint, its ``/metrics`` and pin-command URLs, whether it is TLS and whether pin
+commands need a token), from the engine's own ``--additional-config``. A body nested deeper than
 :data:`MAX_BODY_DEPTH` is HTTP 400 naming ``body`` (checked by a linear scan before it is
 parsed). A body over ``max_body_bytes`` (default 32 MiB) or one that is not a JSON object
 passes through with only its headers checked (duplicates, and the ``X-Session-ID`` vLLM
@@ -107,8 +120,10 @@ from enginehook.hints.routers import RouterNotifier
 
 __all__ = [
     "AGENT_HEADERS",
+    "DISCOVERY_PATH",
     "ENGINE_HEADER",
     "FINAL_HEADER",
+    "HOOK_HEADER",
     "MAX_BODY_DEPTH",
     "MAX_SESSION_ID",
     "PARENT_HEADER",
@@ -120,6 +135,7 @@ __all__ = [
     "carry_kv_hints",
     "choose_session",
     "ended_session",
+    "hook_endpoint",
     "parent_session",
     "read_headers",
     "session_final",
@@ -144,6 +160,10 @@ PATHS = {
 #: server's ``host:port``): a client or router behind a load balancer sees where a turn ran.
 ENGINE_HEADER = b"x-cachettl-engine"
 ENGINE_ENV = "CACHETTL_ENGINE_NAME"
+#: The response header naming this worker's hook endpoint (``http(s)://host:port``), and
+#: the path on the API port that answers where it is (:func:`hook_endpoint`).
+HOOK_HEADER = b"x-cachettl-hook"
+DISCOVERY_PATH = "/.well-known/cachettl"
 #: The session-id sources in precedence order: ``(kind, name, vLLM's own)``.
 SOURCES = (
     ("body", "session_id", True),
@@ -165,6 +185,8 @@ FINAL_HEADER = "x-dynamo-session-final"
 #: The longest session id accepted (the control plane's program-id limit).
 MAX_SESSION_ID = 256
 _MAX_BODY = 32 * 1024 * 1024
+#: ``_rewrite``'s answer for "drop the request's X-Session-ID, add none".
+_DROP = b""
 #: The deepest nesting of objects and arrays accepted in a body (tool schemas included).
 MAX_BODY_DEPTH = 128
 #: Names that are both a header source and a body field: errors say "header <name>".
@@ -208,6 +230,8 @@ def _check(source: str, value: str, header: bool = False) -> str:
         raise MalformedRequestError(source, f"must be at most {MAX_SESSION_ID} {unit}, got {size}")
     if header and any("\udc80" <= c <= "\udcff" for c in value):
         raise MalformedRequestError(source, "must be UTF-8 text")
+    if any("\ud800" <= c <= "\udfff" for c in value):
+        raise MalformedRequestError(source, "must be Unicode text (it holds a lone surrogate)")
     bad = control_character(value)
     if bad is not None:
         raise MalformedRequestError(source, f"must not contain control characters, got {bad!r}")
@@ -379,6 +403,9 @@ class SessionIdMiddleware:
         self.engine = os.environ.get(ENGINE_ENV, "").strip().encode("ascii", "replace")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") == "http" and scope.get("path") == DISCOVERY_PATH:
+            await _json_answer(send, 200, hook_endpoint(scope))
+            return
         looks = self._looks_at(scope)
         if looks is None:
             await self.app(scope, receive, send)
@@ -398,9 +425,9 @@ class SessionIdMiddleware:
         except MalformedRequestError as exc:
             await _bad_request(send, exc)
             return
-        send = _naming_engine(send, self.engine or _server(scope))
+        send = _naming_engine(send, self.engine or _server(scope), _hook_header(scope))
         send = pin_headers_send(send, self.max_body_bytes)
-        if body is None or not (changed or header):
+        if body is None or not (changed or header is not None):
             await self.app(scope, _replay(messages, receive), send)
         else:
             if changed or raw is None:
@@ -461,7 +488,15 @@ def _rewrite(
     final = session_final(headers)
     parent = parent_session(headers, choice)
     header = None
-    if choice is not None and not choice.vllm_reads:
+    if choice is not None and choice.header and not choice.session_id.isascii():
+        # vLLM reads header bytes as Latin-1: the engine would key "ZÃ¼rich" for "Zürich"
+        # and a router's drop by the real id would find no pin. The body carries it as text.
+        if PATHS.get(path, True):
+            body["session_id"], changed = choice.session_id, True
+        else:
+            changed = _set_xargs(body, "session_id", choice.session_id) or changed
+        header = _DROP
+    elif choice is not None and not choice.vllm_reads:
         if choice.source == "session_id" and not choice.header:  # vLLM's own, qualified
             body["session_id"], changed = choice.session_id, True
         elif choice.header:
@@ -480,18 +515,79 @@ def _server(scope: Scope) -> bytes:
     return f"{host}:{port}".encode("ascii", "replace") if port is not None else b""
 
 
-def _naming_engine(send: Send, engine: bytes) -> Send:
-    """``send`` that adds :data:`ENGINE_HEADER` to the response's headers."""
-    if not engine:
+def _naming_engine(send: Send, engine: bytes, hook: bytes = b"") -> Send:
+    """``send`` that adds :data:`ENGINE_HEADER` (and :data:`HOOK_HEADER`, given ``hook``)
+    to the response's headers."""
+    added = [(ENGINE_HEADER, engine)] if engine else []
+    if hook:
+        added.append((HOOK_HEADER, hook))
+    if not added:
         return send
 
     async def named(message: Message) -> None:
         if message.get("type") == "http.response.start":
             message = dict(message)
-            message["headers"] = [*message.get("headers", ()), (ENGINE_HEADER, engine)]
+            message["headers"] = [*message.get("headers", ()), *added]
         await send(message)
 
     return named
+
+
+def hook_endpoint(scope: Scope) -> dict[str, Any]:
+    """Where this worker's hook serves ``/metrics`` and pin commands, read from the
+    engine's ``--additional-config`` (vLLM keeps it in ``app.state.vllm_config``): the
+    answer to ``GET`` :data:`DISCOVERY_PATH`. A wildcard listen address (``0.0.0.0``,
+    ``::``) is named by the host the caller reached this server at."""
+    app = scope.get("app")
+    vllm_config = getattr(getattr(app, "state", None), "vllm_config", None)
+    if vllm_config is None:
+        return {"hook_endpoint": None, "detail": "not a vLLM server with its config"}
+    try:
+        raw = (getattr(vllm_config, "additional_config", None) or {}).get("cachettl") or {}
+        listen = str(raw.get("metrics_listen") or "")
+        tls = bool(raw.get("endpoint_tls_cert_file"))
+        token = bool(raw.get("pin_command_token") or raw.get("pin_command_token_file"))
+    except Exception as exc:  # a config vLLM took is the engine's to refuse
+        return {"hook_endpoint": None, "detail": f"unreadable config: {type(exc).__name__}"}
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or port == "0":
+        why = "metrics_listen is not set" if not listen else f"metrics_listen {listen!r}"
+        return {"hook_endpoint": None, "detail": f"{why}: no fixed endpoint to name"}
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        reached = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+        host = reached.rpartition(":")[0] if ":" in reached else reached
+        host = host or (scope.get("server") or ("127.0.0.1",))[0]
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    url = f"{'https' if tls else 'http'}://{host}:{port}"
+    return {
+        "hook_endpoint": url,
+        "metrics": f"{url}/metrics",
+        "pin_commands": f"{url}/cachettl/pins/",
+        "tls": tls,
+        "pin_command_token": token,
+    }
+
+
+def _hook_header(scope: Scope) -> bytes:
+    url = hook_endpoint(scope).get("hook_endpoint")
+    return url.encode("ascii", "replace") if url else b""
+
+
+async def _json_answer(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def ended_session(headers: Mapping[str, str], body: Mapping[str, Any], path: str) -> str | None:
@@ -527,10 +623,11 @@ def _json_object(raw: bytes | None) -> dict[str, Any] | None:
     :data:`MAX_BODY_DEPTH`, checked before any recursive parse."""
     if not raw:
         return None
-    try:
-        text = raw.decode()
-    except UnicodeDecodeError:
+    try:  # as vLLM reads it (json.loads on bytes): a BOM, UTF-16 or UTF-32 is decoded too
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+    except (UnicodeDecodeError, LookupError):
         return None
+    text = text.removeprefix("\ufeff")
     if not within_depth(text, MAX_BODY_DEPTH):
         raise MalformedRequestError("body", f"must nest at most {MAX_BODY_DEPTH} deep")
     try:
@@ -567,11 +664,13 @@ def _headers(
     headers: list[tuple[bytes, bytes]], length: int, session: bytes | None
 ) -> list[tuple[bytes, bytes]]:
     """The headers with the body's new length and, given ``session``, that X-Session-ID
-    (the request's own, if any, dropped)."""
-    drop = {b"content-length", b"transfer-encoding"} | ({b"x-session-id"} if session else set())
+    (the request's own, if any, dropped; :data:`_DROP`: dropped only)."""
+    drop = {b"content-length", b"transfer-encoding"}
+    if session is not None:
+        drop.add(b"x-session-id")
     out = [(k, v) for k, v in headers if k.lower() not in drop]
     out.append((b"content-length", str(length).encode()))
-    if session is not None:
+    if session:
         out.append((b"x-session-id", session))
     return out
 
