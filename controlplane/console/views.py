@@ -33,7 +33,7 @@ __all__ = ["PAGE", "Sources", "engines", "shared", "tenants", "tool", "tools", "
 PAGE = 100
 CDF_POINTS = 200
 BINS = 30
-TIMELINE_CALLS = 2000
+TIMELINE_CALLS = 500
 TIMELINE_BUCKETS = 24
 MISSES_LISTED = 20
 #: Context length of the TTL decision shown when the viewer names none (tokens).
