@@ -30,7 +30,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["current", "earlier", "read", "stamp", "stamp_markdown"]
+__all__ = ["current", "earlier", "load_now", "read", "stamp", "stamp_markdown"]
 
 _LINE = re.compile(r"^<!-- provenance: (\{.*\}) -->\n(?:> .*\n)*\n?", re.MULTILINE)
 
@@ -40,7 +40,8 @@ def _git(*args: str, cwd: Path | None = None) -> str:
     return out.stdout.strip()
 
 
-def _load() -> list[float]:
+def load_now() -> list[float]:
+    """The load average (1, 5, 15 min) now, to pass to :func:`current` as the start's."""
     return [round(x, 2) for x in os.getloadavg()]
 
 
@@ -52,7 +53,7 @@ def current(command: str, started_load: list[float] | None = None) -> dict[str, 
     if _git("status", "--porcelain", "--untracked-files=no"):
         commit += "+"
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    end = _load()
+    end = load_now()
     return {
         "command": command,
         "commit": commit,

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.studies import provenance
 from simulator.studies.study import PEERS, WORKLOADS, Study, output_path, workload_source
 
 __all__ = ["METRICS", "Paired", "paired", "parse_seeds", "register"]
@@ -162,6 +163,7 @@ def _seeds(args: argparse.Namespace) -> int:
     rivals = parse_policies(args.against)
     if policy[0] in rivals:
         raise ValueError(f"--against names the compared policy {policy[0]!r}")
+    started = provenance.load_now()
     study = Study(args.programs, seeds, cpu_tier_tokens=args.cpu_tier_tokens)
     factor = None if args.rate is not None else (args.load or 1.0)
     rate = args.rate if factor is None else study.rate(args.workload) * factor
@@ -171,6 +173,9 @@ def _seeds(args: argparse.Namespace) -> int:
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text("\n".join(_markdown(summary)) + "\n")
     output_path(args.out, ".json").write_text(json.dumps(summary, indent=1) + "\n")
+    made = provenance.current(f"{summary['command']} --out {shlex.quote(args.out)}", started)
+    for path in (md, output_path(args.out, ".json")):
+        provenance.stamp(path, made)
     for row in summary["comparisons"]:
         print(f"{row['rival']} {row['metric']}: {_counts(row)}, {row['verdict']}")
     print(f"wrote {md}")
