@@ -2,12 +2,12 @@
 the server's memory and another tenant's decisions.
 
 A ``cachettl serve`` process on a fresh SQLite file; tenant ``victim`` asks ``DecideTtl`` at a
-fixed rate from a process of its own, first alone (quiet), then while tenant ``flood`` holds
-``--streams`` WatchMoves streams it never reads and reports arrivals that tell each of them
-moves, as fast as one client can. Printed: the server's resident memory before and at its
-peak (sampled every 0.2 s), the moves told, coalesced and dropped and the streams dropped
-(the server's own counters), and the victim's p50/p99 in both phases with their ratio, all
-from one run.
+fixed rate from a process of its own, first alone (quiet, after a 2 s warm-up), then while
+tenant ``flood`` holds ``--streams`` WatchMoves streams it never reads and reports arrivals
+that tell each of them moves, as fast as one client can. Printed: the server's resident
+memory before and at its peak (sampled every 0.2 s), the moves told, coalesced and dropped
+and the streams dropped (the server's own counters), and the victim's p50/p99 in both
+phases with their ratio, all from one run.
 """
 
 from __future__ import annotations
@@ -171,6 +171,7 @@ def _run(args: argparse.Namespace) -> int:
             if "on port" not in line:
                 raise RuntimeError(f"server did not start: {line!r}")
             target = f"127.0.0.1:{int(line.split('on port')[1].split()[0])}"
+            _decisions(target, victim, args.rate, 2.0)  # warm-up, not counted
             quiet = _decisions(target, victim, args.rate, args.seconds)
             base = _rss_mb(proc.pid)
             stop, peak = threading.Event(), [base]
