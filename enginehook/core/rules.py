@@ -294,7 +294,8 @@ class SchedulingRules:
         metadata={
             "help": "the program ordering places every new program's first turn ahead of "
             "every returning turn, those holding a live pin included (only preempted work "
-            "goes first; the head start then orders nothing): the fair end of the frontier"
+            "goes first; the head start then orders nothing), so a new session never waits "
+            "behind pins; off: programs holding a live pin go first (the paper's order)"
         },
     )
     budget_share: float = field(

@@ -83,7 +83,7 @@ WORKLOADS = (
     DemoWorkload(
         "tracelab",
         "TraceLab-shaped coding sessions",
-        "Reads, edits and greps return in milliseconds; test runs take ~15 s, builds ~45 s, "
+        "Reads, edits and greps return in milliseconds; test runs take ~14 s, builds ~45 s, "
         "sub-agents ~90 s, and after 8 % of the calls a person thinks for minutes. A fixed "
         "2 s pin holds every call's cache for 2 s whether it comes back or not; the learned "
         "TTL is chosen per tool and invocation from the durations seen (below).",
