@@ -148,6 +148,7 @@ class Simulation:
             block_size=self.config.block_size,
         )
         self.pins = self.controller.pins
+        policy.attach(self)
         self.on_program_end = on_program_end
         self.results: list[ProgramResult] = []
         self.pin_outcomes: dict[str, int] = {}

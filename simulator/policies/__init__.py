@@ -21,9 +21,12 @@ oracle-law           cachettl deciding on each call's true duration law, not its
 thunderagent         ThunderAgent: pauses/resumes whole programs to fit KV, no pins
 llmd-fairness        llm-d program-aware fairness: least attained service per session
 sglang-session       SGLang session radix cache: kept until close, LRU after free cache
+agentinfer           AgentInfer 0.2.0 Progress-TTL: others held out at admission, no pins
+vllm-cache-aware     vLLM 0.34 cache_aware_admission_window: cached prompts first, no pins
 ===================  =====================================================================
 """
 
+from simulator.policies.agentinfer import AgentInfer
 from simulator.policies.base import (
     POLICIES,
     Param,
@@ -47,6 +50,7 @@ from simulator.policies.pinning import (
     PinningPolicy,
     StaticTtl,
 )
+from simulator.policies.stock import CacheAwareAdmission
 
 __all__ = [
     "BASE",
@@ -54,7 +58,9 @@ __all__ = [
     "IMPROVEMENTS",
     "PAPER_RULES",
     "POLICIES",
+    "AgentInfer",
     "Autellix",
+    "CacheAwareAdmission",
     "Cachettl",
     "Continuum",
     "ContinuumPreview",

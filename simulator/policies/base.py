@@ -129,6 +129,11 @@ class SchedulingPolicy:
     def see_trace(self, programs: Sequence[Program]) -> None:
         """The run's whole trace, before it starts (only an oracle may look)."""
 
+    def attach(self, host: Any) -> None:
+        """The run's :class:`simulator.sim.Simulation`, once its engine and controller
+        exist: a policy that models an engine's own mechanism (vLLM's cache-aware
+        admission) or its own admission (AgentInfer) installs it here."""
+
     def tool_key(self, tool: str, args: str | None) -> str:
         """The tool name the policy learns and decides by (the paper's parser: a shell
         command's first word)."""
