@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from enginehook.core.commands import PinCommands
@@ -71,7 +72,23 @@ class HookServices:
             logger.warning("%s", warning)
 
     def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
+        """The turn's TTL: the client's ``pin_ttl_s`` when it set one, else the policy's.
+
+        A client's TTL is priced like a learned one, so that memory pressure weighs both
+        kinds of pin on one scale. Victims go by lowest expected loss F(τ)·B (scaled by
+        the share of τ left), and a newcomer's first turn may reclaim only pins whose loss
+        is below its wait; a pin without a price (B = 0) would be the first victim of the
+        one and never a victim of the other, which let client-TTL pins outlive learned
+        ones whenever newcomers pressed on memory. So a client's TTL keeps its promise of
+        return (F = 1: it knows its program's next step, the policy only estimates it)
+        and takes its price B from the engine's cost model, as the policy would (the
+        rebuild cost of its context plus the expected queueing). Between a client pin and
+        a learned one of the same size and context, the learned one (F < 1) goes first.
+        """
         decision = self.decider.decide_facts(facts, turn.pin_ttl_s)
+        if decision.basis == "client" and decision.ttl_s > 0 and decision.benefit_s <= 0:
+            priced = self.decider.decide_facts(facts)
+            decision = replace(decision, benefit_s=priced.benefit_s)
         self.metrics.decision(decision.basis)
         return decision
 
