@@ -67,10 +67,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Programs with an unread move kept per watching stream (a newer move of the same program
-#: replaces the older one).
-STREAM_MOVES = 256
+#: replaces the older one): four full reports, since one report's moves are queued before
+#: a watcher that keeps up can take any.
+STREAM_MOVES = 4096
 #: Unread moves kept per tenant, over all its streams on this server.
-TENANT_MOVES = 8192
+TENANT_MOVES = 16_384
 #: Unread moves kept on this server, over all tenants.
 SERVER_MOVES = 65_536
 #: An arrival time may be this far ahead of the server's clock (counted as the server's now).
@@ -79,6 +80,8 @@ AHEAD_S = 5.0
 REFUSALS_NAMED = 16
 #: Seconds between two log lines about one tenant's dropped streams.
 LOG_EVERY_S = 60.0
+#: Seconds between two rounds of the shared locations' upkeep (pruning, per-tenant bounds).
+MAINTAIN_EVERY_S = 1.0
 #: Longest engine id (characters).
 ENGINE_ID_CHARS = 64
 
@@ -176,6 +179,7 @@ class CoherenceHub:
         self._unread_total = 0
         self._logged: dict[str, float] = {}
         self._listening: asyncio.Task[None] | None = None
+        self._maintaining: asyncio.Task[None] | None = None
         self.moves_sent = 0
         self.moves_coalesced = 0
         self.moves_dropped = 0
@@ -195,6 +199,8 @@ class CoherenceHub:
         if self.shared is None:
             moves = self.locations.report(tenant.name, engine, arrived)
         else:
+            if self._maintaining is None:
+                self._maintaining = asyncio.create_task(self._maintain())
             report = self.shared.report
             moves = await asyncio.to_thread(report, tenant, engine, arrived, self.replica)
         self.tell(tenant.name, moves)
@@ -297,6 +303,29 @@ class CoherenceHub:
             mine.discard(watcher)
             if not mine:
                 del self._of_tenant[tenant]
+
+    async def _maintain(self) -> None:
+        """The shared locations' upkeep, in a worker thread every :data:`MAINTAIN_EVERY_S`,
+        never inside a report (:meth:`SharedLocations.maintain`); a failure is logged once
+        per outage and tried again."""
+        assert self.shared is not None
+        failing = False
+        while True:
+            await asyncio.sleep(MAINTAIN_EVERY_S)
+            try:
+                await asyncio.to_thread(self.shared.maintain)
+                failing = False
+            except Exception as error:
+                if not failing:
+                    log.warning("pin coherence: pruning program locations failed: %s", error)
+                failing = True
+
+    def close(self) -> None:
+        """Stop the background tasks (the server is stopping)."""
+        for task in (self._maintaining, self._listening):
+            if task is not None:
+                task.cancel()
+        self._maintaining = self._listening = None
 
     async def _listen(self) -> None:
         """Tell the watchers here the moves other replicas publish, for as long as any

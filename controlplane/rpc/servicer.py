@@ -176,6 +176,8 @@ class Servicer(CoherenceMethods):
         self._latest: dict[str, tuple[int, bytes]] = {}
 
     def close(self) -> None:
+        if "coherence" in self.__dict__:  # created (cached_property) by a first call
+            self.coherence.close()
         self.tenants.close()
         self._views.shutdown(wait=False, cancel_futures=True)
 

@@ -18,10 +18,13 @@ Every replica with watchers listens on the channel (:meth:`SharedLocations.liste
 asyncio connection of its own) and hands the moves to its watchers; a payload names the
 replica that published it, so a replica skips its own (it told its watchers at once).
 
-Bounds: rows not refreshed for :data:`KEEP_S` are deleted, at most every
-:data:`PRUNE_EVERY_S` per replica, by the report that finds the time has come; a program
-forgotten so counts as new at its next arrival (nothing is sent). With the default TTL cap
-(300 s) no pin outlives its program's row.
+Bounds, kept off the request path by :meth:`SharedLocations.maintain`, which each replica
+runs in the background: rows not refreshed for :data:`KEEP_S` are deleted every
+:data:`PRUNE_EVERY_S`, and a tenant's rows beyond ``max_programs`` (the least recently seen
+first) as soon as the replica has stored :data:`TRIM_CHECK` of its arrivals since it last
+looked; both in batches of :data:`PRUNE_BATCH` rows, each its own short transaction that
+skips the rows a report holds. A program forgotten so counts as new at its next arrival
+(nothing is sent). With the default TTL cap (300 s) no pin outlives its program's row.
 
 Failure: when the listening connection drops, it reconnects with backoff
 (:data:`RETRY_FIRST_S` doubling to :data:`RETRY_MAX_S`) and logs once per outage. Moves
@@ -45,6 +48,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Engine
 
+from controlplane.coherence import MAX_PROGRAMS
 from controlplane.errors import StorageError
 from controlplane.records import Move, Tenant
 from controlplane.storage.base import Store
@@ -53,7 +57,9 @@ from controlplane.storage.sql import SqlStore, autocommit
 __all__ = [
     "KEEP_S",
     "PAYLOAD_BYTES",
+    "PRUNE_BATCH",
     "PRUNE_EVERY_S",
+    "TRIM_CHECK",
     "Published",
     "SharedLocations",
     "channel_of",
@@ -67,6 +73,10 @@ log = logging.getLogger(__name__)
 KEEP_S = 3600.0
 #: Seconds between two prunings by one replica.
 PRUNE_EVERY_S = 10.0
+#: Rows deleted per statement when pruning or trimming (one short transaction each).
+PRUNE_BATCH = 1000
+#: Arrivals of a tenant stored by one replica after which it counts the tenant's rows.
+TRIM_CHECK = 10_000
 #: Moves are cut into payloads of this many bytes of moves (plus one move and the header,
 #: together under 3,000 bytes: a move is at most 2 engine ids and a 256-character program
 #: id, JSON-escaped), so a payload stays under PostgreSQL's 8,000.
@@ -125,12 +135,20 @@ payloads AS (
 )
 SELECT payload, pg_notify(CAST(%(channel)s AS TEXT), payload) FROM payloads
 """
-#: Rows not refreshed since the cutoff; rows a report holds are left for the next time.
+#: A batch of rows not refreshed since the cutoff; rows a report holds are left for the
+#: next time.
 _PRUNE = """
 DELETE FROM program_locations WHERE (tenant_id, program_id) IN (
     SELECT tenant_id, program_id FROM program_locations
-    WHERE seen_at < %(cutoff)s FOR UPDATE SKIP LOCKED)
+    WHERE seen_at < %(cutoff)s LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
 """
+#: A batch of a tenant's least recently seen rows.
+_TRIM = """
+DELETE FROM program_locations WHERE (tenant_id, program_id) IN (
+    SELECT tenant_id, program_id FROM program_locations
+    WHERE tenant_id = %(tenant)s ORDER BY seen_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+"""
+_COUNT = "SELECT count(*) FROM program_locations WHERE tenant_id = %(tenant)s"
 
 
 def channel_of(schema: str) -> str:
@@ -181,17 +199,35 @@ class SharedLocations:
     """
 
     def __init__(
-        self, engine: Engine, keep_s: float = KEEP_S, prune_every_s: float = PRUNE_EVERY_S
+        self,
+        engine: Engine,
+        keep_s: float = KEEP_S,
+        prune_every_s: float = PRUNE_EVERY_S,
+        max_programs: int = MAX_PROGRAMS,
+        trim_check: int = TRIM_CHECK,
+        batch: int = PRUNE_BATCH,
     ) -> None:
         if engine.dialect.name != "postgresql":
             raise ValueError(f"shared locations need PostgreSQL, got {engine.dialect.name}")
         if not keep_s > 0 or not prune_every_s >= 0:
             raise ValueError(f"keep_s must be > 0, prune_every_s >= 0: {keep_s}, {prune_every_s}")
+        if min(max_programs, trim_check, batch) < 1:
+            raise ValueError(
+                f"max_programs, trim_check and batch must be >= 1: "
+                f"{max_programs}, {trim_check}, {batch}"
+            )
         self.engine = engine
         self.keep_s = keep_s
         self.prune_every_s = prune_every_s
+        self.max_programs = max_programs
+        self.trim_check = trim_check
+        self.batch = batch
         self._channel: str | None = None
         self._pruned_at = float("-inf")
+        self._stored: dict[int, int] = {}  # per tenant id, since its rows were last counted
+        #: Rows deleted by age, and beyond a tenant's bound.
+        self.pruned = 0
+        self.trimmed = 0
 
     def channel(self) -> str:
         """This schema's channel (one query, the first time)."""
@@ -235,15 +271,52 @@ class SharedLocations:
             except StorageError as error:
                 if attempt == DEADLOCK_TRIES or not _deadlocked(error):
                     raise
-        if now - self._pruned_at >= self.prune_every_s:
-            self._pruned_at = now  # racing threads may both prune: harmless
-            self.prune(now)
+        self._stored[tenant.id] = self._stored.get(tenant.id, 0) + len(latest)
         return [move for payload in payloads for move in decode(payload).moves]
 
+    def _batches(self, statement: str, params: dict[str, Any], most: int | None = None) -> int:
+        """Run a batched DELETE until it deletes less than a batch (or ``most`` rows)."""
+        done = 0
+        while most is None or done < most:
+            batch = self.batch if most is None else min(self.batch, most - done)
+            with autocommit(self.engine) as c:
+                n = int(c.exec_driver_sql(statement, {**params, "batch": batch}).rowcount)
+            done += n
+            if n < batch:
+                break
+        return done
+
     def prune(self, now: float) -> int:
-        """Delete the rows not refreshed for ``keep_s`` before ``now``; how many."""
+        """Delete the rows not refreshed for ``keep_s`` before ``now``, a batch at a time;
+        how many."""
+        n = self._batches(_PRUNE, {"cutoff": now - self.keep_s})
+        self.pruned += n
+        return n
+
+    def trim(self, tenant_id: int) -> int:
+        """Delete the tenant's least recently seen rows beyond ``max_programs``, a batch
+        at a time; how many."""
+        self._stored.pop(tenant_id, None)
         with autocommit(self.engine) as c:
-            return c.exec_driver_sql(_PRUNE, {"cutoff": now - self.keep_s}).rowcount
+            rows = int(c.exec_driver_sql(_COUNT, {"tenant": tenant_id}).scalar_one())
+        if rows <= self.max_programs:
+            return 0
+        n = self._batches(_TRIM, {"tenant": tenant_id}, rows - self.max_programs)
+        self.trimmed += n
+        return n
+
+    def maintain(self, now: float | None = None) -> int:
+        """What the replica's background task runs: prune when :attr:`prune_every_s` has
+        passed, and trim every tenant that stored :attr:`trim_check` arrivals here since its
+        rows were last counted. Rows deleted. ``StorageError`` when the database fails."""
+        now = time.time() if now is None else now
+        deleted = 0
+        if now - self._pruned_at >= self.prune_every_s:
+            self._pruned_at = now
+            deleted += self.prune(now)
+        for tenant_id in [t for t, n in self._stored.items() if n >= self.trim_check]:
+            deleted += self.trim(tenant_id)
+        return deleted
 
     async def listen(self) -> AsyncIterator[Published]:
         """Every payload published on this schema's channel (this replica's too), as it

@@ -17,7 +17,6 @@ from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -150,7 +149,7 @@ def test_a_move_through_one_replica_reaches_watchers_on_both_once(cluster: Clust
         assert on_b.moves.empty()
 
 
-def test_a_return_to_the_same_engine_or_a_refused_report_tells_nothing(
+def test_a_return_to_the_same_engine_or_a_refused_arrival_tells_nothing(
     cluster: Cluster,
 ) -> None:
     a, b = cluster.a, cluster.b
@@ -160,11 +159,10 @@ def test_a_return_to_the_same_engine_or_a_refused_report_tells_nothing(
         assert a.client.report_arrivals("engine-a", [("p1", time.time())]) == 0
         # Back on engine-a, reported through the other replica: no move.
         assert b.client.report_arrivals("engine-a", [("p1", time.time()), ("p1", 1.0)]) == 0
-        with pytest.raises(grpc.RpcError) as refused:
-            b.client.report_arrivals("engine-b", [("p1", time.time()), ("", time.time())])
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert refused.value.details().startswith("arrivals[1].program_id:")
-        assert located(cluster.url, "p1") == "engine-a"  # the refused report stored nothing
+        answer = b.client.report_arrivals_answer("engine-c", [("", time.time())])
+        assert (answer.moved, answer.refused) == (0, 1)
+        assert answer.refusals[0].reason.startswith("arrivals[0].program_id:")
+        assert located(cluster.url, "p1") == "engine-a"  # the refused arrival stored nothing
         settle(on_a, b.client, "marker")  # nothing came before the marker
         assert a.client.report_arrivals("engine-a", [("p1", time.time())]) == 0
     finally:
@@ -195,29 +193,66 @@ def _rows(store: SqlStore) -> int:
         return int(c.execute(text("SELECT count(*) FROM program_locations")).scalar_one())
 
 
-def test_the_locations_table_is_pruned_by_age(pg_schemas: Callable[[], str]) -> None:
+def test_the_locations_table_is_pruned_by_age_off_the_report_path(
+    pg_schemas: Callable[[], str],
+) -> None:
     store = SqlStore(pg_url(pg_schemas()))
     try:
         tenant = store.create_tenant("acme", False, "h", 0.0)
-        shared = SharedLocations(store.engine, keep_s=60.0, prune_every_s=30.0)
+        shared = SharedLocations(store.engine, keep_s=60.0, prune_every_s=30.0, batch=7)
         old = [(f"p{i}", 1.0) for i in range(50)]
-        assert shared.report(tenant, "engine-a", old, "r1", now=1000.0) == []  # prunes
-        assert shared.report(tenant, "engine-a", [("q", 2.0)], "r1", now=1031.0) == []
-        assert _rows(store) == 51  # pruned at 1031: nothing older than 971
-        assert shared.report(tenant, "engine-a", [("r", 3.0)], "r1", now=1060.5) == []
-        assert _rows(store) == 52  # the 50 are past their 60 s, but no pruning is due
-        assert shared.report(tenant, "engine-a", [("s", 4.0)], "r1", now=1061.0) == []
-        assert _rows(store) == 3  # q, r, s
+        assert shared.report(tenant, "engine-a", old, "r1", now=1000.0) == []
+        assert shared.report(tenant, "engine-a", [("q", 2.0)], "r1", now=1061.0) == []
+        assert _rows(store) == 51  # a report never prunes: the replica's upkeep does
+        assert shared.maintain(1061.0) == 50  # in batches of 7
+        assert _rows(store) == 1
+        assert shared.report(tenant, "engine-a", [("r", 3.0)], "r1", now=1070.0) == []
+        assert shared.maintain(1090.0) == 0  # 29 s since the last pruning: none due
+        assert shared.report(tenant, "engine-a", [("s", 4.0)], "r1", now=1125.0) == []
         # A forgotten program arriving elsewhere is new there: no move.
-        assert shared.report(tenant, "engine-b", [("p7", 5.0)], "r1", now=1070.0) == []
-        moved = shared.report(tenant, "engine-b", [("q", 6.0)], "r2", now=1071.0)
+        assert shared.report(tenant, "engine-b", [("p7", 5.0)], "r1", now=1126.0) == []
+        moved = shared.report(tenant, "engine-b", [("s", 6.0)], "r2", now=1127.0)
         assert [(m.program_id, m.from_engine, m.to_engine) for m in moved] == [
-            ("q", "engine-a", "engine-b")
+            ("s", "engine-a", "engine-b")
         ]
         assert shared.prune(10_000.0) == 4
         assert _rows(store) == 0
         with pytest.raises(ValueError, match="keep_s must be > 0"):
             SharedLocations(store.engine, keep_s=0.0)
+    finally:
+        store.close()
+
+
+def test_a_tenant_keeps_at_most_its_bound_of_locations(pg_schemas: Callable[[], str]) -> None:
+    """One tenant reporting many programs is trimmed to its bound, least recently seen
+    first, in batches, by the replica's upkeep; another tenant's rows are untouched."""
+    store = SqlStore(pg_url(pg_schemas()))
+    try:
+        flood = store.create_tenant("flood", False, "h1", 0.0)
+        quiet = store.create_tenant("quiet", False, "h2", 0.0)
+        shared = SharedLocations(store.engine, max_programs=300, trim_check=200, batch=50)
+        shared.report(quiet, "engine-a", [(f"q{i}", 1.0) for i in range(20)], "r1", now=100.0)
+        for n in range(10):
+            programs = [(f"p{n}-{i}", 1.0) for i in range(100)]
+            shared.report(flood, "engine-a", programs, "r1", now=100.0 + n)
+            shared.maintain(100.0 + n)
+        with store.engine.connect() as c:
+            counts = dict(
+                c.execute(
+                    text("SELECT tenant_id, count(*) FROM program_locations GROUP BY tenant_id")
+                ).all()
+            )
+            kept = {
+                row[0]
+                for row in c.execute(
+                    text("SELECT program_id FROM program_locations WHERE tenant_id = :t"),
+                    {"t": flood.id},
+                )
+            }
+        assert counts[flood.id] <= 300 + 200  # the bound, plus what arrives between looks
+        assert counts[quiet.id] == 20
+        assert {f"p9-{i}" for i in range(100)} <= kept  # the newest are kept
+        assert shared.trimmed >= 500
     finally:
         store.close()
 
