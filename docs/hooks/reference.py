@@ -111,14 +111,27 @@ def docstring_meanings(doc: str, keys: Iterable[str]) -> dict[str, str]:
     return {k: meanings[k] for k in keys if k in meanings}
 
 
-def _rst_to_md(text: str) -> str:
-    """Docstring markup as Markdown: ``x`` → `x`, :class:`~a.b.C` → `C`."""
-    text = re.sub(r":\w+:`~?([^`]+)`", lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`", text)
+def _rst_to_md(text: str, constants: dict[str, Any] | None = None) -> str:
+    """Docstring markup as Markdown: ``x`` → `x`, :class:`~a.b.C` → `C`, and
+    :data:`NAME` of an environment-variable constant → `$VALUE`.
+
+    >>> _rst_to_md(":data:`TOKEN_ENV` or ``token``", {"TOKEN_ENV": "CACHETTL_TOKEN"})
+    '`$CACHETTL_TOKEN` or `token`'
+    """
+    constants = constants or {}
+
+    def name(match: re.Match[str]) -> str:
+        short = match.group(1).rsplit(".", 1)[-1]
+        value = constants.get(short)
+        return f"`${value}`" if isinstance(value, str) and short.endswith("_ENV") else f"`{short}`"
+
+    text = re.sub(r":\w+:`~?([^`]+)`", name, text)
     return text.replace("``", "`")
 
 
 def hook_rows() -> list[tuple[str, str, str]]:
     """``(key, default, meaning)`` of every key ``additional_config.cachettl`` accepts."""
+    from enginehook.core import config as config_module
     from enginehook.core.config import HookConfig
     from enginehook.core.rules import SchedulingRules
 
@@ -130,7 +143,7 @@ def hook_rows() -> list[tuple[str, str, str]]:
         value = getattr(defaults, f.name)
         if f.name == "token":
             value = "" if value == "" else "(from token_file or $CACHETTL_TOKEN)"
-        meaning = _rst_to_md(meanings.get(f.name, ""))
+        meaning = _rst_to_md(meanings.get(f.name, ""), vars(config_module))
         if not meaning:
             raise ValueError(f"HookConfig.{f.name} has no meaning in HookConfig's docstring")
         rows.append((f.name, _empty(default_text(value)), meaning))

@@ -225,3 +225,12 @@ def test_heading_anchors_follow_github(heading: str) -> None:
     from tests.docs.pages import slug
 
     assert slug(heading) in ("cluster-pins-behind-a-router", "the-2026-peers-xpy")
+
+
+def test_generator_examples() -> None:
+    """The generator's docstring examples (docs/ is outside pytest's doctest paths)."""
+    import doctest
+
+    result = doctest.testmod(_reference(), optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 3
+    assert result.failed == 0
