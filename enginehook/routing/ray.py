@@ -1,7 +1,7 @@
 """The TTL-aware rule as a Ray Serve ``RequestRouter`` (ray 2.60; the API is alpha).
 
 Configure it on a deployment whose replicas publish CacheTTL's routing stats
-(:func:`enginehook.routing.rule.replica_stats` returned from the deployment's
+(:func:`enginehook.routing.stats.replica_stats` returned from the deployment's
 ``record_routing_stats``)::
 
     from ray.serve.config import RequestRouterConfig

@@ -32,8 +32,8 @@ from enginehook.routing.rule import (
     ReplicaView,
     Route,
     route,
-    view_of,
 )
+from enginehook.routing.stats import view_of
 
 __all__ = ["KWARGS", "Drops", "TtlRouter"]
 

@@ -3,7 +3,7 @@ engine, its :class:`PinController` and retention policy) on the cluster's shared
 loop, whose returning turns go back through the router, and which reports what the
 cluster's metrics need (queued tokens, returning turns' hits, pins that end) and the
 routing stats a CacheTTL replica publishes
-(:func:`enginehook.routing.rule.replica_stats` of its controller)."""
+(:func:`enginehook.routing.stats.replica_stats` of its controller)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from enginehook.core.pins import Pin, ReleaseReason
-from enginehook.routing.rule import Queued, replica_stats, view_of
+from enginehook.routing.stats import Queued, replica_stats, view_of
 from estimator import HardwareProfile
 from simulator.engine import EngineConfig, Request
 from simulator.loop import Event, EventLoop
@@ -100,7 +100,7 @@ class ClusterEngine(Simulation):
 
     def routing_stats(self, now: float) -> dict[str, Any]:
         """The routing stats a CacheTTL replica publishes, taken ``now``
-        (:func:`~enginehook.routing.rule.replica_stats` of this engine's controller): its
+        (:func:`~enginehook.routing.stats.replica_stats` of this engine's controller): its
         pins, KV neither used nor pinned, running requests and what their prefills have
         left, its waiting turns in its own queue order (each less the prefix of its program
         held here), its prefill rate and the step it is running."""

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from enginehook.routing.router import DECISIONS_KEPT, TtlRouter
-from enginehook.routing.rule import ReplicaView, Route, route, view_of
+from enginehook.routing.rule import ReplicaView, Route, route
+from enginehook.routing.stats import view_of
 from simulator.cluster import Cluster, TopologyChange
 from simulator.cluster.base import EngineView, TurnRequest
 from simulator.cluster.ttlaware import TtlAware
