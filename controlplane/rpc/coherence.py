@@ -78,7 +78,9 @@ SERVER_MOVES = 65_536
 AHEAD_S = 5.0
 #: Refusals named in one answer (the count covers them all).
 REFUSALS_NAMED = 16
-#: Seconds between two log lines about one tenant's dropped streams.
+#: A move queued this long after its arrival (by the reporting engine's clock) is late.
+LATE_S = 1.0
+#: Seconds between two log lines about one tenant's dropped streams (or late moves).
 LOG_EVERY_S = 60.0
 #: Seconds between two rounds of the shared locations' upkeep (pruning, per-tenant bounds).
 MAINTAIN_EVERY_S = 1.0
@@ -180,7 +182,9 @@ class CoherenceHub:
         self._logged: dict[str, float] = {}
         self._listening: asyncio.Task[None] | None = None
         self._maintaining: asyncio.Task[None] | None = None
+        self._late_logged = float("-inf")
         self.moves_sent = 0
+        self.moves_late = 0
         self.moves_coalesced = 0
         self.moves_dropped = 0
         self.streams_dropped = 0
@@ -208,11 +212,28 @@ class CoherenceHub:
 
     def tell(self, tenant: str, moves: Iterable[Move]) -> None:
         """Queue each move for the watchers of the engine it left (module docstring:
-        coalesced per program, bounded, the slowest watcher dropped at a bound)."""
+        coalesced per program, bounded, the slowest watcher dropped at a bound). A move
+        queued more than :data:`LATE_S` after its arrival is logged (once per
+        :data:`LOG_EVERY_S`) with where the time went, so that a pin released late can be
+        traced to the report, the database or the notification."""
+        now = time.time()
         for move in moves:
             watchers = self._watchers.get((tenant, move.from_engine))
             if not watchers:
                 continue
+            late = now - move.arrived_at
+            if late > LATE_S:
+                self.moves_late += 1
+                if now - self._late_logged >= LOG_EVERY_S:
+                    self._late_logged = now
+                    log.warning(
+                        "pin coherence: tenant %r: move of a program to %r queued %.2f s "
+                        "after its arrival there (%d such moves so far)",
+                        tenant,
+                        move.to_engine,
+                        late,
+                        self.moves_late,
+                    )
             for watcher in list(watchers):
                 if watcher.dropped is None:
                     self._queue(tenant, watcher, move)

@@ -121,6 +121,7 @@ class _StreamCollector(Collector):
             "WatchMoves streams dropped for not reading their moves",
         ),
         ("cachettl_arrivals_refused", "arrivals_refused", "Arrivals refused one by one"),
+        ("cachettl_moves_late", "moves_late", "Moves queued over 1 s after their arrival"),
     )
 
     def __init__(self, servicer: Any) -> None:
