@@ -50,9 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from enginehook.core.lifecycle import FinishedTurn
 from enginehook.core.rules import SchedulingRules
-from estimator import Decision, RequestFacts
 from simulator.policies.base import Param, SchedulingPolicy, register_scheduling_policy
 
 __all__ = ["AgentInfer", "ProgressTtlAdmission", "cold_prefill_impact_s", "progress_ttl"]
@@ -179,14 +177,14 @@ class ProgressTtlAdmission:
         covered += end - start
         return len(spans) / covered if covered > 0 else 0.0
 
-    def observe(self, turn: FinishedTurn, now: float) -> None:
-        """A finished request's completion tokens, latency and span (the policy's
-        ``decide`` sees every finished turn)."""
-        program = self._programs.get(turn.program_id)
+    def observe(self, program_id: str, output_tokens: int, latency_s: float, now: float) -> None:
+        """A finished request (``on_request_finished``): its context growth, completion
+        tokens, latency and span enter the request window."""
+        program = self._programs.get(program_id)
         rounds = program.rounds_since_pause if program is not None else 0
-        growth = self._last_growth.pop(turn.program_id, 0)
-        self._requests.append((growth, turn.output_tokens, turn.service_s, rounds))
-        self._spans.append((now - turn.service_s, now))
+        growth = self._last_growth.pop(program_id, 0)
+        self._requests.append((growth, output_tokens, latency_s, rounds))
+        self._spans.append((now - latency_s, now))
 
     # -- capacity (strategy.py) --------------------------------------------------------
     def _remaining(self) -> float:
@@ -449,8 +447,6 @@ class AgentInfer(SchedulingPolicy):
     help = "AgentInfer 0.2.0 Progress-TTL: hold other programs out at admission; no pins"
     RULES = SchedulingRules(ordering="fcfs", admission="thunderagent")
     PARAMS: ClassVar[dict[str, Param]] = {}
-    #: Asked every finished turn (it reads completion tokens and latency); never pins.
-    uses_pins = True
 
     def attach(self, host: Any) -> None:
         engine, size = host.engine, host.config.block_size
@@ -467,8 +463,12 @@ class AgentInfer(SchedulingPolicy):
         admission = ProgressTtlAdmission(engine.pool.num_blocks * size, native)
         host.controller.admission = admission
         self.admission = admission
-        self._loop = host.loop
+        finish = host.on_finish
 
-    def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision:
-        self.admission.observe(turn, float(self._loop.now))
-        return Decision(0.0, 0.0, 0.0, "progress-ttl")
+        def on_finish(request: Any, now: float) -> None:
+            finish(request, now)  # the controller's turn end (the admission's ``acting``)
+            admitted = request.first_admitted_at
+            latency = now - (admitted if admitted is not None else request.arrival)
+            admission.observe(request.program_id, request.output_tokens, latency, now)
+
+        host.on_finish = on_finish
