@@ -62,6 +62,10 @@ logger = logging.getLogger("enginehook.link.remote")
 
 Event = ToolCallEvent | ProgramEndEvent
 
+#: Event ids remembered as settled while the watchdog had moved them to disk (past that
+#: they are sent again; the control plane drops repeats by event id).
+_MAX_SETTLED = 100_000
+
 
 class PermanentError(Exception):
     """The control plane refused an event for good (bad input, or a limit it marks final,
@@ -139,6 +143,7 @@ class ControlPlaneLink:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._sending_since: float | None = None  # monotonic start of the send under way
+        self._settled: set[str] = set()  # settled, then moved to disk by the watchdog
         self._sender = threading.Thread(target=self._send_loop, name="cachettl-events", daemon=True)
         self._sender.start()
         self._deadline = threading.Thread(
@@ -271,14 +276,21 @@ class ControlPlaneLink:
         batch = self.buffer.peek(self.batch_events)
         if not batch:
             return False
+        settled = 0  # events settled before the watchdog moved them to disk: not sent again
+        while settled < len(batch) and batch[settled].event_id in self._settled:
+            self._settled.discard(batch[settled].event_id)
+            settled += 1
+        if settled:
+            self.buffer.drop(settled, epoch)
+            return True
         calls: list[ToolCallEvent] = []
         for event in batch:
-            if isinstance(event, ProgramEndEvent):
+            if isinstance(event, ProgramEndEvent) or event.event_id in self._settled:
                 break
             calls.append(event)
         if calls:
             self._deliver_calls(calls)
-            self.buffer.drop(len(calls), epoch)
+            self._dropped(calls, epoch)
             return True
         end = batch[0]
         assert isinstance(end, ProgramEndEvent)
@@ -288,8 +300,17 @@ class ControlPlaneLink:
         except PermanentError as exc:
             self.rejected += 1
             logger.warning("control plane refused %s: %s", end.event_id, exc)
-        self.buffer.drop(1, epoch)
+        self._dropped([end], epoch)
         return True
+
+    def _dropped(self, events: Sequence[Event], epoch: int) -> None:
+        """``events`` were settled (delivered or refused): out of the buffer, or, when the
+        watchdog moved them to disk meanwhile, remembered so they are not sent again."""
+        if epoch == self.buffer.epoch:
+            self.buffer.drop(len(events), epoch)
+            return
+        if len(self._settled) < _MAX_SETTLED:
+            self._settled.update(e.event_id for e in events)
 
     def _deliver_calls(self, calls: list[ToolCallEvent]) -> None:
         try:
