@@ -1,15 +1,16 @@
 """``PinCoherenceService`` on the wire: engines report turn arrivals, and the engine a program
 moved away from hears it on its ``WatchMoves`` stream (:mod:`controlplane.coherence`).
 
-On SQLite (or ``memory://``) served from the event loop, from memory: an arrival costs a
-dictionary update and, on a move, one entry queued per watcher of the engine the program
-left. On PostgreSQL the locations are the database's
-(:class:`controlplane.storage.locations.SharedLocations`), so that replicas sharing it see
-moves between engines linked to different replicas: a report is one statement, run in a
-worker thread; its moves go at once to this replica's watchers, and through ``NOTIFY`` to
-the other replicas, each of which listens (one connection, only while it has watchers) and
-hands them to its own. A replica never tells its watchers a move twice: it skips the
-notifications it published itself.
+On SQLite (or ``memory://``) served from memory: a report is checked and applied in a
+worker thread (an arrival costs a dictionary update), and its moves are queued on the event
+loop a slice at a time (one entry per watcher of the engine the program left), so that a
+flood of reports does not hold the loop where decisions are answered. On PostgreSQL the
+locations are the database's (:class:`controlplane.storage.locations.SharedLocations`), so
+that replicas sharing it see moves between engines linked to different replicas: a report
+is one statement, run in a worker thread; its moves go at once to this replica's watchers,
+and through ``NOTIFY`` to the other replicas, each of which listens (one connection, only
+while it has watchers) and hands them to its own. A replica never tells its watchers a move
+twice: it skips the notifications it published itself.
 
 Reports are checked arrival by arrival: a bad program id, or an arrival time more than
 :data:`AHEAD_S` ahead of the server's clock (a clock set ahead would otherwise become a
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -84,6 +86,9 @@ LATE_S = 1.0
 LOG_EVERY_S = 60.0
 #: Seconds between two rounds of the shared locations' upkeep (pruning, per-tenant bounds).
 MAINTAIN_EVERY_S = 1.0
+#: Moves queued per turn of the event loop (a full report is queued in slices, so that
+#: other calls, decisions above all, are answered in between).
+TELL_SLICE = 100
 #: Longest engine id (characters).
 ENGINE_ID_CHARS = 64
 
@@ -182,6 +187,7 @@ class CoherenceHub:
         self._logged: dict[str, float] = {}
         self._listening: asyncio.Task[None] | None = None
         self._maintaining: asyncio.Task[None] | None = None
+        self._here_lock = threading.Lock()
         self._late_logged = float("-inf")
         self.moves_sent = 0
         self.moves_late = 0
@@ -201,14 +207,22 @@ class CoherenceHub:
         if not arrived:
             return 0
         if self.shared is None:
-            moves = self.locations.report(tenant.name, engine, arrived)
+            moves = await asyncio.to_thread(self._report_here, tenant.name, engine, arrived)
         else:
             if self._maintaining is None:
                 self._maintaining = asyncio.create_task(self._maintain())
             report = self.shared.report
             moves = await asyncio.to_thread(report, tenant, engine, arrived, self.replica)
-        self.tell(tenant.name, moves)
+        for start in range(0, len(moves), TELL_SLICE):  # other calls run in between
+            self.tell(tenant.name, moves[start : start + TELL_SLICE])
+            await asyncio.sleep(0)
         return len(moves)
+
+    def _report_here(
+        self, tenant: str, engine: str, arrived: list[tuple[str, float]]
+    ) -> list[Move]:
+        with self._here_lock:  # the in-memory locations are single-threaded
+            return self.locations.report(tenant, engine, arrived)
 
     def tell(self, tenant: str, moves: Iterable[Move]) -> None:
         """Queue each move for the watchers of the engine it left (module docstring:
@@ -408,7 +422,8 @@ class CoherenceMethods:
         request: cluster_pb2.ReportArrivalsRequest,
         context: grpc.aio.ServicerContext,
     ) -> cluster_pb2.ReportArrivalsResponse:
-        report = arrivals(request, time.time())
+        # Checking a full report takes milliseconds: off the event loop, where decisions run.
+        report = await asyncio.to_thread(arrivals, request, time.time())
         moved = await self.coherence.report(tenant, report.engine_id, report.arrived)
         self.coherence.arrivals_refused += len(report.refused)
         return cluster_pb2.ReportArrivalsResponse(
