@@ -9,7 +9,9 @@ Nothing here writes to the store or the models.
   beside a :class:`~controlplane.rpc.server.ControlPlaneServer` (uvicorn on the same loop);
 - :mod:`controlplane.console.app`: the Starlette routes, pages and security headers;
 - :mod:`controlplane.console.sessions`: the login form, sessions and who may see what;
-- :mod:`controlplane.console.views`: the pages' data (paged, bounded), built off the loop;
+- :mod:`controlplane.console.pages`: each page's parameters and who may see its tenant;
+- :mod:`controlplane.console.views` (tools, a tool) and :mod:`controlplane.console.overview`
+  (tenants, shared models, workload, engines): the pages' data, paged and bounded;
 - :mod:`controlplane.console.watch`: η and T over time, moves told per engine;
 - :mod:`controlplane.console.cli`: the ``serve`` flags (no web imports) and
   ``cachettl bench console``.

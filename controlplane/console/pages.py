@@ -14,7 +14,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from controlplane.console import views
+from controlplane.console import overview, views
 from controlplane.console.sessions import DeniedError, Viewer
 from controlplane.records import LIMITS, Tenant
 
@@ -63,7 +63,7 @@ class Pages:
     async def tenants(self, request: Request, viewer: Viewer) -> Built:
         if not viewer.admin:
             raise DeniedError(404, "the tenants page is the admin's")
-        return "tenants.html", await run_in_threadpool(views.tenants, self.src)
+        return "tenants.html", await run_in_threadpool(overview.tenants, self.src)
 
     async def tools(self, request: Request, viewer: Viewer) -> Built:
         tenant = await self.tenant_of(request, viewer)
@@ -92,18 +92,18 @@ class Pages:
         tenant = await self.tenant_of(request, viewer)
         name = _text(request, "name", LIMITS.tool_name)
         page = _int(request, "page", 1, 10**6)
-        data = await run_in_threadpool(views.shared, self.src, tenant, name, page)
+        data = await run_in_threadpool(overview.shared, self.src, tenant, name, page)
         if name and data.get("distribution") is None:
             raise DeniedError(404, f"no shared model of tool {name!r} is published to this tenant")
         return "shared.html", data
 
     async def workload(self, request: Request, viewer: Viewer) -> Built:
         tenant = await self.tenant_of(request, viewer)
-        return "workload.html", await run_in_threadpool(views.workload, self.src, tenant.name)
+        return "workload.html", await run_in_threadpool(overview.workload, self.src, tenant.name)
 
     async def engines(self, request: Request, viewer: Viewer) -> Built:
         tenant = await self.tenant_of(request, viewer)
-        return "engines.html", views.engines(self.src, tenant)  # memory only, on the loop
+        return "engines.html", overview.engines(self.src, tenant)  # memory only, on the loop
 
 
 #: The pages: path → builder name (each also answers its data at ``/api`` + path).

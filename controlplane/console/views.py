@@ -28,7 +28,7 @@ from controlplane.service import ControlPlane
 from controlplane.state import PinCounts
 from estimator import DurationModel, Level, RequestFacts
 
-__all__ = ["PAGE", "Sources", "engines", "shared", "tenants", "tool", "tools", "workload"]
+__all__ = ["PAGE", "Sources", "distribution", "number", "paged", "tool", "tools"]
 
 PAGE = 100
 CDF_POINTS = 200
@@ -69,7 +69,7 @@ class Sources:
         return value
 
 
-def _num(x: float | None) -> float | None:
+def number(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
@@ -83,7 +83,7 @@ def _pins(p: PinCounts) -> dict[str, Any]:
     }
 
 
-def _page(items: list[Any], page: int) -> tuple[list[Any], dict[str, int]]:
+def paged(items: list[Any], page: int) -> tuple[list[Any], dict[str, int]]:
     pages = max(1, math.ceil(len(items) / PAGE))
     page = min(max(page, 1), pages)
     return items[(page - 1) * PAGE : page * PAGE], {
@@ -91,25 +91,6 @@ def _page(items: list[Any], page: int) -> tuple[list[Any], dict[str, int]]:
         "pages": pages,
         "total": len(items),
     }
-
-
-def tenants(src: Sources) -> dict[str, Any]:
-    """Every tenant with its counts (the admin's first page)."""
-    state = src.plane.state
-    rows = []
-    for t in src.plane.store.list_tenants():
-        rows.append(
-            {
-                "name": t.name,
-                "share": t.share,
-                "revoked": t.revoked_at is not None,
-                "tools": len(state.index.get(t.name, ())),
-                "tool_calls": state.tool_calls.get(t.name, 0),
-                "programs": state.programs.get(t.name, 0),
-                "version": src.plane.tenant_version(t),
-            }
-        )
-    return {"tenants": rows}
 
 
 def tools(
@@ -122,7 +103,7 @@ def tools(
         views = [v for v in views if needle in v.tool_name.casefold()]
     if sort == "calls":
         views.sort(key=lambda v: (-v.seen_count, v.tool_name))
-    rows, paging = _page(views, page)
+    rows, paging = paged(views, page)
     return {
         "tenant": tenant,
         "q": q,
@@ -133,9 +114,9 @@ def tools(
                 "name": v.tool_name,
                 "samples": v.sample_count,
                 "seen": v.seen_count,
-                "p50": _num(v.quantiles_s[0]),
-                "p90": _num(v.quantiles_s[1]),
-                "p99": _num(v.quantiles_s[2]),
+                "p50": number(v.quantiles_s[0]),
+                "p90": number(v.quantiles_s[1]),
+                "p99": number(v.quantiles_s[2]),
                 "change_points": v.drift_epoch,
                 "signatures": len(v.signatures),
                 "pins": _pins(v.pins),
@@ -145,14 +126,14 @@ def tools(
     }
 
 
-def _distribution(model: DurationModel) -> dict[str, Any]:
+def distribution(model: DurationModel) -> dict[str, Any]:
     """CDF (at most ``CDF_POINTS`` points) and a log-binned histogram of a model."""
     samples = model.sorted_samples()
     out: dict[str, Any] = {
         "samples": model.n_samples,
         "seen": model.n_seen,
         "change_points": model.drift_epoch,
-        "quantiles": [[q, _num(model.quantile(q))] for q in (0.1, 0.25, 0.5, 0.9, 0.99)],
+        "quantiles": [[q, number(model.quantile(q))] for q in (0.1, 0.25, 0.5, 0.9, 0.99)],
         "cdf": [],
         "histogram": [],
         "zeros": 0,
@@ -179,7 +160,7 @@ def _signatures(src: Sources, tenant: str, name: str, q: str, page: int) -> dict
         names = state.signatures_of(tenant, name)
     if q:
         names = [s for s in names if q.casefold() in s.casefold()]
-    rows, paging = _page(names, page)
+    rows, paging = paged(names, page)
     listed = []
     with src.plane._lock:
         for sig in rows:
@@ -189,8 +170,8 @@ def _signatures(src: Sources, tenant: str, name: str, q: str, page: int) -> dict
                     {
                         "signature": sig,
                         "samples": model.n_samples,
-                        "p50": _num(model.quantile(0.5)),
-                        "p90": _num(model.quantile(0.9)),
+                        "p50": number(model.quantile(0.5)),
+                        "p90": number(model.quantile(0.9)),
                         "change_points": model.drift_epoch,
                     }
                 )
@@ -233,17 +214,17 @@ def _misses(src: Sources, tenant: str, name: str) -> dict[str, Any]:
         "by_reason": {r.label: n for r, n in stats.reasons.items()},
         "returning": stats.returning,
         "missed": stats.missed,
-        "expired_by": [[q, _num(s)] for q, s in stats.expired_by],
+        "expired_by": [[q, number(s)] for q, s in stats.expired_by],
         "newest": [
             {
                 "program": r.call.program_id,
                 "turn": r.call.turn_index,
                 "reason": r.call.cache.reason.label,
                 "cause": r.call.cache.not_pinned_cause.label,
-                "finished_at": _num(r.call.finished_at),
-                "duration_s": _num(r.call.duration_s),
-                "ttl_s": _num(r.call.chosen_ttl_s),
-                "expired_by_s": _num(r.call.cache.expired_by_s),
+                "finished_at": number(r.call.finished_at),
+                "duration_s": number(r.call.duration_s),
+                "ttl_s": number(r.call.chosen_ttl_s),
+                "expired_by_s": number(r.call.cache.expired_by_s),
             }
             for r in newest
         ],
@@ -268,7 +249,7 @@ def tool(
         model = inspection.stored_model(plane.state, who, key)
         if model is None:
             return None
-        dist = _distribution(model)
+        dist = distribution(model)
         pins = _pins(plane.state.pin_counts(who, name))
     facts = RequestFacts(tool=name, tool_args=sig or None, context_tokens=context_tokens)
     decision, version = plane.decide(tenant, facts)
@@ -280,10 +261,10 @@ def tool(
         "version": version,
         "distribution": dist,
         "decision": {
-            "ttl_s": _num(decision.ttl_s),
-            "f_ttl": _num(decision.return_probability),
-            "benefit_s": _num(decision.benefit_s),
-            "expected_benefit_s": _num(decision.expected_benefit_s),
+            "ttl_s": number(decision.ttl_s),
+            "f_ttl": number(decision.return_probability),
+            "benefit_s": number(decision.benefit_s),
+            "expected_benefit_s": number(decision.expected_benefit_s),
             "basis": decision.basis,
             "context_tokens": context_tokens,
         },
@@ -292,76 +273,3 @@ def tool(
         "timeline": src.read("timeline", tenant, name, lambda: _timeline(src, who, name)),
         "signatures": _signatures(src, who, name, q, page),
     }
-
-
-def shared(src: Sources, tenant: Tenant, name: str = "", page: int = 1) -> dict[str, Any]:
-    """The shared models published to a sharing tenant (none to one that does not
-    share): the list, or with ``name`` one model's distribution. Only published,
-    quantised models are read, never another tenant's own windows."""
-    if not tenant.share:
-        return {"tenant": tenant.name, "share": False, "tools": [], "page": 1, "pages": 1}
-    state = src.plane.state
-    with src.plane._lock:
-        names = sorted(state.shared.tools)
-        found = {
-            n: m
-            for n in ([name] if name else names)
-            if (m := inspection.stored_model(state, tenant.name, (Level.SHARED, n, "")))
-        }
-        if name:
-            model = found.get(name)
-            dist = _distribution(model) if model is not None else None
-            return {"tenant": tenant.name, "share": True, "tool": name, "distribution": dist}
-        rows, paging = _page(sorted(found), page)
-        listed = [
-            {"name": n, "points": found[n].n_samples, "p50": _num(found[n].quantile(0.5))}
-            for n in rows
-        ]
-    return {"tenant": tenant.name, "share": True, **paging, "tools": listed}
-
-
-def workload(src: Sources, tenant: str) -> dict[str, Any]:
-    """η and T now, and as sampled since the console started."""
-    v = src.plane.workload_stats(tenant)
-    return {
-        "tenant": tenant,
-        "eta": _num(v.eta),
-        "queue_delay_s": _num(v.queue_delay_s),
-        "programs_completed": v.programs_completed,
-        "programs_in_window": v.programs_in_window,
-        "tool_calls": v.tool_calls,
-        "queue_samples": v.queue_samples,
-        "series": src.history.series(tenant),
-    }
-
-
-def engines(src: Sources, tenant: Tenant) -> dict[str, Any]:
-    """The tenant's engines as the control plane sees them: linked for moves (watching),
-    programs last seen on each, moves told; snapshot streams and the version lag."""
-    servicer, who = src.servicer, tenant.name
-    current = src.plane.tenant_version(tenant)
-    out: dict[str, Any] = {"tenant": who, "version": current, "engines": []}
-    if servicer is None:
-        return out
-    latest = servicer._latest.get(who)
-    out["snapshot_sent"] = latest[0] if latest else None
-    out["snapshot_lag"] = current - latest[0] if latest else None
-    out["streams"] = servicer.gate.streams_of(who)
-    hub = servicer.coherence
-    engines: dict[str, dict[str, Any]] = {}
-
-    def engine(e: str) -> dict[str, Any]:
-        return engines.setdefault(e, {"engine": e, "watching": 0, "programs": 0, "moves": 0})
-
-    for (t, e), watchers in list(hub._watchers.items()):
-        if t == who:
-            engine(e)["watching"] = len(watchers)
-    for e, n in src.moves.of(who).items():
-        engine(e)["moves"] = n
-    if hub.shared is None:  # locations in memory (on PostgreSQL they are the database's)
-        programs = hub.locations._tenants.get(who, {})
-        for location in list(programs.values()):
-            engine(location.engine_id)["programs"] += 1
-    out["engines"] = sorted(engines.values(), key=lambda e: e["engine"])[:PAGE]
-    out["engine_count"] = len(engines)
-    return out
