@@ -46,8 +46,9 @@ HARDWARE = DEFAULT_PROFILE
 #: policy can beat it by more than what a different waiting-queue order buys.
 UNLIMITED_KV = "vllm, unlimited KV"
 _UNLIMITED_KV_TOKENS = 1 << 34
-#: The 2026 peers (simulator/policies/peers.py), in every table.
-PEERS = ("thunderagent", "llmd-fairness", "sglang-session")
+#: The peers (simulator/policies/peers.py, agentinfer.py and stock.py: vLLM 0.34's own
+#: cache-aware admission window), in every table.
+PEERS = ("thunderagent", "llmd-fairness", "sglang-session", "agentinfer", "vllm-cache-aware")
 
 
 def cachettl_spec(settings: dict[str, Any]) -> str:

@@ -126,12 +126,14 @@ def test_robustness_workloads_change_only_durations() -> None:
 
 def test_variants_cover_each_improvement_and_all() -> None:
     labels = [label for label, _ in variants()]
-    assert labels[:6] == [
+    assert labels[:8] == [
         "vllm",
         "continuum",
         "thunderagent",
         "llmd-fairness",
         "sglang-session",
+        "agentinfer",
+        "vllm-cache-aware",
         "paper as cachettl (all off)",
     ]
     assert "+ shared priors" not in labels
@@ -161,6 +163,7 @@ def test_bench_ablation_command(tmp_path, capsys) -> None:
     data = json.loads(out.with_suffix(".json").read_text())
     rows = {"vllm", "continuum", "oracle", "cachettl(drift=0)", f"{UNLIMITED_KV} (no eviction)"}
     rows |= {"thunderagent", "llmd-fairness", "sglang-session"}  # the peers, in every table
+    rows |= {"agentinfer", "vllm-cache-aware"}
     assert set(data["swe"]["rows"]) == rows
     assert "| cachettl(drift=0) |" in out.with_suffix(".md").read_text()
     assert main(["bench", "ablation", "--workloads", "nope"]) == 2
