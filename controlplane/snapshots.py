@@ -1,5 +1,11 @@
 """Serialized ``WatchSnapshots`` replies, built incrementally and a slice at a time.
 
+Two kinds. Engines that ask for ``compact`` snapshots get :class:`CompactSnapshots`: each
+model as a 128-point quantile summary (``estimator.sketch``, about 175 bytes), one full
+snapshot, then deltas of the models whose summary moved; their decisions stay within a
+stated bound of the raw-duration ones (the class docstring). Clients that do not ask get
+whole snapshots of raw windows, :class:`SnapshotPayloads`, as follows.
+
 A tenant's snapshot is its models (``inspection.snapshot_keys``) as ``ToolModel``
 messages. Each model's message is serialized once and kept until the model changes
 (same object, same ``n_seen``, same number of points); a reply is the header's bytes
@@ -338,6 +344,11 @@ class CompactSnapshots:
         reply = table.replies.get(base)
         if reply is None:
             reply = self._serialize(table, base, same)
+            if len(reply) > MAX_SNAPSHOT_BYTES:
+                raise OverloadedError(
+                    f"snapshot: {len(table.entries)} compact models make {len(reply)} bytes, "
+                    f"over the limit of {MAX_SNAPSHOT_BYTES} bytes per message"
+                )
             if len(table.replies) > 64:
                 table.replies.clear()
             table.replies[base] = reply

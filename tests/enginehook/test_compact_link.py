@@ -55,6 +55,7 @@ def _check_within_bound(plane: ControlPlane, tenant, snap: SnapshotData) -> int:
                 chain = plane.state.models.durations.chain(
                     tool, args, tenant.name, (Level.INVOCATION, Level.TOOL, Level.TENANT)
                 )
+                assert chain.chosen.model is not None
                 window = np.asarray(chain.chosen.model.sorted_samples())
                 loss = _objective(window, raw.ttl_s, benefit) - _objective(
                     window, mine.ttl_s, benefit
@@ -76,7 +77,7 @@ def test_engine_decisions_from_compact_snapshots_and_deltas_stay_within_the_boun
     with running(plane, watch_interval_s=0.05) as server:
         transport = GrpcTransport(server.target, token, timeout_s=10)
         try:
-            stream = transport.watch(0)
+            stream = iter(transport.watch(0))
             first = next(stream)
             assert first.version == plane.tenant_version(tenant)
             assert all(m.quantile_sketch for m in first.models)
@@ -88,7 +89,7 @@ def test_engine_decisions_from_compact_snapshots_and_deltas_stay_within_the_boun
             assert second.version == target
             assert {m.key for m in second.models} == {m.key for m in first.models}
             _check_within_bound(plane, tenant, second)
-            stream.close()
+            del stream  # the generator's stream is cancelled when it is collected
 
             follower = transport._follower
             held = follower.version

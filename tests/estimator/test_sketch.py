@@ -132,7 +132,9 @@ def test_engine_hierarchy_of_compact_models_decides_like_the_raw_one():
             facts = RequestFacts(tool=tool, tenant="t", reload_cost_s=benefit, queue_delay_s=0.0)
             a, b = policy.decide(facts, models_raw), policy.decide(facts, models_compact)
             assert a.basis == b.basis
-            window = raw.model(Level.TOOL, tool, None, "t").sorted_samples()
+            tool_model = raw.model(Level.TOOL, tool, None, "t")
+            assert tool_model is not None
+            window = tool_model.sorted_samples()
             loss = _objective(window, a.ttl_s, benefit) - _objective(window, b.ttl_s, benefit)
             assert -1e-9 <= loss < benefit / 128 + 1e-9
 
