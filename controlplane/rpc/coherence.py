@@ -50,6 +50,7 @@ from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
 from controlplane.coherence import ProgramLocations
 from controlplane.errors import InvalidInputError, OverloadedError
 from controlplane.records import LIMITS, Move, Tenant
+from controlplane.rpc.gate import Gate
 from controlplane.service import ControlPlane
 from controlplane.storage.locations import RETRY_FIRST_S, SharedLocations, shared_locations
 from controlplane.validation import check_known, check_name, timestamp_s
@@ -411,6 +412,7 @@ class CoherenceMethods:
     """The ``PinCoherenceService`` methods, mixed into the servicer (over its ``plane``)."""
 
     plane: ControlPlane
+    gate: Gate
 
     @cached_property
     def coherence(self) -> CoherenceHub:
@@ -422,6 +424,7 @@ class CoherenceMethods:
         request: cluster_pb2.ReportArrivalsRequest,
         context: grpc.aio.ServicerContext,
     ) -> cluster_pb2.ReportArrivalsResponse:
+        self.gate.arrivals(tenant.name, len(request.arrivals))
         # Checking a full report takes milliseconds: off the event loop, where decisions run.
         report = await asyncio.to_thread(arrivals, request, time.time())
         moved = await self.coherence.report(tenant, report.engine_id, report.arrived)

@@ -61,6 +61,12 @@ class Budgets:
     streams_per_tenant: int = 1024
     streams_per_peer: int = 1024
     message_timeout_s: float = 10.0
+    #: Turn arrivals a tenant may report per second to one server (pin coherence), with a
+    #: second's worth as burst; a report past it is refused whole (arrivals are hints: the
+    #: pins of moves not told live until their TTL). Checking and applying an arrival
+    #: costs tens of microseconds of Python, so this bounds what one tenant's reports take
+    #: of the server's CPU from the others' decisions.
+    arrivals_per_tenant_s: int = 10_000
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -116,6 +122,34 @@ def bearer_token(context: grpc.aio.ServicerContext) -> str:
     return token.strip()
 
 
+class Rate:
+    """A token bucket per key: ``rate`` per second, a second's worth of burst (used from
+    the event loop only).
+
+    >>> rate = Rate(100, clock=lambda: 0.0)
+    >>> rate.take("acme", 80), rate.take("acme", 30), rate.take("other", 30)
+    (True, False, True)
+    """
+
+    def __init__(self, rate: float, clock: Any = None) -> None:
+        import time
+
+        self.rate = rate
+        self._clock = clock or time.monotonic
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def take(self, key: str, n: int) -> bool:
+        """Take ``n`` tokens of ``key``'s bucket; False (nothing taken) if it has fewer."""
+        now = self._clock()
+        tokens, at = self._buckets.get(key, (self.rate, now))
+        tokens = min(self.rate, tokens + (now - at) * self.rate)
+        if tokens < n:
+            self._buckets[key] = (tokens, now)
+            return False
+        self._buckets[key] = (tokens - n, now)
+        return True
+
+
 class Gate:
     """Authentication and the limits of ``Budgets`` for one server."""
 
@@ -135,6 +169,16 @@ class Gate:
             b.streams_per_tenant, "WatchSnapshots streams of this tenant", "per tenant"
         )
         self._streams = Slots(b.streams_total, "WatchSnapshots streams", "server-wide")
+        self._arrivals = Rate(b.arrivals_per_tenant_s)
+
+    def arrivals(self, tenant: str, n: int) -> None:
+        """Admit a report of ``n`` arrivals of ``tenant``; ``OverloadedError`` past the
+        tenant's rate (``Budgets.arrivals_per_tenant_s``)."""
+        if not self._arrivals.take(tenant, n):
+            raise OverloadedError(
+                f"arrivals of this tenant: over {self.budgets.arrivals_per_tenant_s} per "
+                "second (limit per tenant); this report was not applied"
+            )
 
     async def authenticate(self, context: grpc.aio.ServicerContext) -> Tenant:
         """The caller's tenant; raises Authentication/Revoked/Storage/OverloadedError."""

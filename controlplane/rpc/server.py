@@ -145,6 +145,12 @@ _ADMISSION_FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--max-streams-per-tenant", "streams_per_tenant", int, "streams open per tenant"),
     ("--max-streams-per-peer", "streams_per_peer", int, "streams open per client address"),
     ("--message-timeout", "message_timeout_s", float, "seconds from headers to message"),
+    (
+        "--max-arrivals-per-tenant",
+        "arrivals_per_tenant_s",
+        int,
+        "turn arrivals a tenant may report per second (pin coherence)",
+    ),
     ("--auth-fresh", "fresh_s", float, "seconds a token lookup is trusted as is"),
     (
         "--auth-stale",

@@ -279,3 +279,24 @@ def test_a_huge_id_is_refused_naming_the_field_without_echoing_it(
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert refused.value.details().startswith(f"{field}:")
         assert len(refused.value.details()) < 300
+
+
+def test_a_tenant_reporting_too_many_arrivals_is_refused_alone(
+    plane: ControlPlane, serve: Callable[..., AbstractContextManager[Any]]
+) -> None:
+    from controlplane.rpc.gate import Budgets
+
+    _, flood = plane.create_tenant("flood")
+    _, quiet = plane.create_tenant("quiet")
+    with (
+        serve(plane, budgets=Budgets(arrivals_per_tenant_s=1500)) as server,
+        ControlPlaneClient(server.target, flood) as loud,
+        ControlPlaneClient(server.target, quiet) as calm,
+    ):
+        batch = [(f"p{i}", time.time()) for i in range(1000)]
+        assert loud.report_arrivals("engine-a", batch) == 0
+        with pytest.raises(grpc.RpcError) as refused:
+            loud.report_arrivals("engine-b", batch)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "arrivals of this tenant" in refused.value.details()
+        assert calm.report_arrivals("engine-a", batch) == 0  # another tenant's own rate
