@@ -65,6 +65,7 @@ class HookServices:
             )
             host = config.metrics_listen.rpartition(":")[0] or "127.0.0.1"
             self.endpoint = f"{'https' if access.tls else 'http'}://{host}:{port}"
+        _visible(logger)
         logger.info("%s", linked_line(config, self.endpoint, self.engine_id))
         model = getattr(vllm_config, "model_config", None)
         warning = cold_start_warning(config, getattr(model, "max_model_len", None))
@@ -176,3 +177,16 @@ def cold_start_warning(config: HookConfig, max_context_tokens: int | None) -> st
         f"TTL is 0 until {config.min_samples} tool calls are learned or returning turns "
         "queue; a client's pin_ttl_s, a fixed policy or a profile of this engine pins sooner"
     )
+
+
+def _visible(log: logging.Logger) -> None:
+    """Give the hook's logger a handler of its own when nothing would show its INFO lines
+    (vLLM configures only its own ``vllm`` logger; without a handler Python prints
+    warnings and worse only), so the start-up lines reach the engine's log."""
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
