@@ -166,7 +166,10 @@ def models_from_snapshot(
             continue
         if model.quantile_sketch:
             sketch = SketchModel.of(
-                model.sorted_durations_s, model.sample_count, drift_epoch=model.drift_epoch
+                model.sorted_durations_s,
+                model.sample_count,
+                drift_epoch=model.drift_epoch,
+                window=hierarchy.window,  # what it keeps once it learns locally
             )
             hierarchy.install(level, sketch, model.tool_name, model.signature, tenant)
             continue

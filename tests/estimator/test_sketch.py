@@ -182,3 +182,10 @@ def test_points_on_the_wire_grid_decide_within_1_over_k_plus_r(window, points, b
     tau, _ = SketchModel.of(wire, count=window.size).best_ttl(benefit)
     loss = _objective(window, raw_tau, benefit) - _objective(window, tau, benefit)
     assert loss < (1 / points + GRID_RATIO) * benefit + GRID_BASE_S + 1e-9
+
+
+def test_a_summary_learning_locally_keeps_the_window_it_was_given():
+    window = np.sort(np.random.default_rng(2).lognormal(0, 1, 400))
+    model = SketchModel.of(sketch_points(window, 16), count=400, window=2000)
+    model.update(0.5)
+    assert model.n_samples == 401  # grows towards 2,000, does not slide at 400
