@@ -369,6 +369,7 @@ class EndpointServer:
             log_config=None,
             log_level="warning",
             timeout_keep_alive=int(max(1, timeout_s)),
+            timeout_graceful_shutdown=1,
             ssl_certfile=access.cert_file or None,
             ssl_keyfile=access.key_file or None,
             server_header=False,
