@@ -90,9 +90,12 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-def _flood(target: str, token: str, streams: int, stop: threading.Event) -> tuple[list[Any], int]:
+def _flood(
+    target: str, token: str, streams: int, stop: threading.Event, refused: list[int]
+) -> tuple[list[Any], int]:
     """Open ``streams`` never-read WatchMoves calls, then report moves to them until
-    ``stop``; returns the calls (to cancel) and the moves the server said it found."""
+    ``stop``; returns the calls (to cancel) and the moves the server said it found (reports
+    refused for the tenant's arrival rate are counted in ``refused[0]``)."""
     import grpc
 
     from controlplane._gen.cachettl.v1 import cluster_pb2, cluster_pb2_grpc
@@ -126,7 +129,12 @@ def _flood(target: str, token: str, streams: int, stop: threading.Event) -> tupl
                 ]
                 for engine in (f"w{k}", "x"):
                     report = cluster_pb2.ReportArrivalsRequest(engine_id=engine, arrivals=arrivals)
-                    moved += stub.ReportArrivals(report, **client._kw()).moved
+                    try:
+                        moved += stub.ReportArrivals(report, **client._kw()).moved
+                    except grpc.RpcError as error:  # past the tenant's rate: refused whole
+                        if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                            raise
+                        refused[0] += 1
             round_ += 1
     return calls, moved
 
@@ -176,8 +184,9 @@ def _run(args: argparse.Namespace) -> int:
             base = _rss_mb(proc.pid)
             stop, peak = threading.Event(), [base]
             result: list[Any] = []
+            refused = [0]
             flooding = threading.Thread(
-                target=lambda: result.append(_flood(target, flood, args.streams, stop))
+                target=lambda: result.append(_flood(target, flood, args.streams, stop, refused))
             )
             flooding.start()
             sampling = threading.Event()
@@ -204,7 +213,10 @@ def _run(args: argparse.Namespace) -> int:
     l50, l99 = _pct(loud, 0.5), _pct(loud, 0.99)
     grown = peak[0] - base
     print(f"never-reading WatchMoves streams of tenant flood: {args.streams}")
-    print(f"moves the flood's reports revealed: {moved:,}")
+    print(
+        f"moves the flood's reports revealed: {moved:,}; reports refused for the tenant's "
+        f"arrival rate: {refused[0]:,}"
+    )
     for name, value in counters.items():
         print(f"  {name}: {value:,.0f}")
     print(
