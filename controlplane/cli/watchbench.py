@@ -40,6 +40,13 @@ def register(bench: Any) -> None:
     p.add_argument("--streams", type=int, default=1024, help="never-reading streams (1024)")
     p.add_argument("--seconds", type=float, default=15.0, help="length of each phase (15)")
     p.add_argument("--rate", type=float, default=200.0, help="victim's decisions per second")
+    p.add_argument(
+        "--max-arrivals-per-tenant",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the server's flag of that name (default: the server's own default)",
+    )
     p.set_defaults(handler=_run)
 
 
@@ -172,6 +179,8 @@ def _run(args: argparse.Namespace) -> int:
         cmd += ["--listen", "127.0.0.1:0", "--metrics", f"127.0.0.1:{metrics_port}"]
         cmd += ["--max-streams-per-peer", str(args.streams + 64)]
         cmd += ["--max-streams-per-tenant", str(max(1024, args.streams))]
+        if args.max_arrivals_per_tenant is not None:
+            cmd += ["--max-arrivals-per-tenant", str(args.max_arrivals_per_tenant)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             assert proc.stdout is not None
