@@ -56,6 +56,25 @@ class TestStoreContract:
         with pytest.raises(TenantNotFoundError):
             store.revoke_tenant("ghost", 5.0)
 
+    def test_rotating_a_token_replaces_it_and_reactivates_the_tenant(self, store: Store) -> None:
+        acme = make_tenant(store, "acme", share=True)
+        make_tenant(store, "zeta")
+        store.revoke_tenant("acme", 5.0)
+        rotated = store.rotate_token("acme", hash_token("token-acme-2"))
+        assert (rotated.id, rotated.name, rotated.share, rotated.revoked_at) == (
+            acme.id,
+            "acme",
+            True,
+            None,
+        )
+        assert store.tenant_by_token_hash(hash_token("token-acme")) is None
+        assert store.tenant_by_token_hash(hash_token("token-acme-2")) == rotated
+        zeta = store.tenant_by_token_hash(hash_token("token-zeta"))
+        assert zeta is not None
+        assert zeta.name == "zeta"  # another tenant's token is untouched
+        with pytest.raises(TenantNotFoundError):
+            store.rotate_token("ghost", hash_token("x"))
+
     def test_log_positions_increase_and_read_back_in_order(self, store: Store) -> None:
         acme, zeta = make_tenant(store, "acme"), make_tenant(store, "zeta")
         full = ToolCall(
