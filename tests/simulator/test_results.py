@@ -66,10 +66,15 @@ def test_a_file_made_by_a_command_is_found_and_one_made_by_none_is_an_orphan(
     (tmp_path / "a.json").write_text("{}")
     (tmp_path / "stray.png").write_bytes(b"")
     (tmp_path / "b.md").write_text("# B, with no command\n")
+    (tmp_path / "c_before.json").write_text('{"command": "cachettl bench controlplane"}')
+    (tmp_path / "d.json").write_text('{"figures": []}')
     jobs, missing = script.jobs()
-    assert [j.command for j in jobs] == ["cachettl bench seeds --seeds 1-3 --out results/a"]
+    assert [(j.command, j.kind) for j in jobs] == [
+        ("cachettl bench seeds --seeds 1-3 --out results/a", "sim"),
+        ("cachettl bench controlplane", "frozen"),  # data naming its own command
+    ]
     assert missing == [tmp_path / "b.md"]
-    assert script.orphans(jobs) == [tmp_path / "b.md", tmp_path / "stray.png"]
+    assert script.orphans(jobs) == [tmp_path / "b.md", tmp_path / "d.json", tmp_path / "stray.png"]
     assert script.quick(jobs[0].command).startswith("cachettl bench seeds --seeds 1,2 --out")
 
 
