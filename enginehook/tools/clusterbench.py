@@ -178,6 +178,7 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
     work = Path(config.work or "out/cluster-real")
     work.mkdir(parents=True, exist_ok=True)
     model = build_tiny_llama(Path(config.model_dir or work / "tiny-llama"))
+    (work / "cp.sqlite3").unlink(missing_ok=True)  # each run learns from nothing, as the first
     plane = ControlPlaneProcess(f"sqlite:///{work / 'cp.sqlite3'}", free_port(), work / "cp.log")
     plane.start()
     (work / "token").write_text(plane.token)
