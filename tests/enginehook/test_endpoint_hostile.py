@@ -200,3 +200,12 @@ def test_bad_tls_material_is_refused_by_name(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="endpoint_tls_cert_file"):
         serve_metrics(HookMetrics(), "127.0.0.1:0", access=access)
+
+
+def test_a_router_never_sends_the_token_in_clear_to_another_host() -> None:
+    from enginehook.routing.drops import PinDrops
+
+    drops = PinDrops(token="pins-only", timeout_s=1.0)
+    drops.escaped("p", "r1", endpoint="http://10.255.255.1:9400", expires_at=1.0)
+    drops.close()
+    assert drops.counts() == {"sent": 1, "insecure": 1}
