@@ -237,7 +237,7 @@ def test_a_tenant_keeps_at_most_its_bound_of_locations(pg_schemas: Callable[[], 
             shared.report(flood, "engine-a", programs, "r1", now=100.0 + n)
             shared.maintain(100.0 + n)
         with store.engine.connect() as c:
-            counts = dict(
+            counts: dict[int, int] = dict(
                 c.execute(
                     text("SELECT tenant_id, count(*) FROM program_locations GROUP BY tenant_id")
                 ).all()

@@ -99,7 +99,7 @@ def test_streams_that_never_read_hold_bounded_moves(plane: ControlPlane, server:
     _, acme = plane.create_tenant("acme")
     _, other = plane.create_tenant("other")
     channel = grpc.insecure_channel(server.target)
-    stub = cluster_pb2_grpc.PinCoherenceServiceStub(channel)
+    stub = cluster_pb2_grpc.PinCoherenceServiceStub(channel)  # type: ignore[no-untyped-call]
     auth = (("authorization", f"Bearer {acme}"),)
     calls = [
         stub.WatchMoves(cluster_pb2.WatchMovesRequest(engine_id=f"w{k}"), metadata=auth)
