@@ -35,11 +35,14 @@ ones on), ``agentinfer/scheduling/progress_ttl/strategy.py`` (``handle_admission
   when fewer tokens remain than the reasoning programs' mean completion, the longest
   tenured programs (tenure × context / mean prompt) are paused or marked to pause.
 
-Left out, with the reason: parent/child privilege handoff and privileged slots (they need
-the request's ``task_id`` / parent identity, which these traces do not carry), the 30-min
-paused retention release (no program here pauses that long), the ``auto`` mode (the
-default is ``on``), and the subset-sum fit of reclaim victims (here: smallest first within
-each layer until the deficit is covered).
+Left out, with the reason: privileges (a privileged program is resumed regardless of
+capacity and never reclaimed; AgentInfer takes a session's id as its task id, so one
+program at a time holds the privilege on a pool under 524,288 tokens; ``_can_promote``,
+``_privileged_program_limit``) and the parent/child handoff (these traces carry no
+parent), so the model errs on the side of fewer holds; the 30-min paused retention
+release (no program here pauses that long); the ``auto`` mode (the default is ``on``);
+and the subset-sum fit of reclaim victims (here: smallest first within each layer until
+the deficit is covered).
 """
 
 from __future__ import annotations
