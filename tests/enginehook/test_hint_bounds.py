@@ -25,14 +25,9 @@ from controlplane.kvhints import (
     parse_kv_hints,
     quote,
 )
+from enginehook.hints.choice import MalformedRequestError, choose_session, read_headers
 from enginehook.hints.flat import Hints, request_hints
-from enginehook.hints.sessions import (
-    MAX_BODY_DEPTH,
-    MalformedRequestError,
-    SessionIdMiddleware,
-    choose_session,
-    read_headers,
-)
+from enginehook.hints.sessions import MAX_BODY_DEPTH, SessionIdMiddleware
 
 CHAT = "/v1/chat/completions"
 

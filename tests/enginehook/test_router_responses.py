@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from enginehook.hints.sessions import choose_session, read_headers
+from enginehook.hints.choice import choose_session, read_headers
 from enginehook.tools.cluster import Router
 
 pytestmark = pytest.mark.slow

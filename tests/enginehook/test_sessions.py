@@ -39,9 +39,9 @@ def _envelope(payload: Any, kind: str = RETENTION_ACTION, version: str = "1") ->
 def test_docstring_examples() -> None:
     import doctest
 
-    import enginehook.hints.sessions
+    import enginehook.hints.choice
 
-    result = doctest.testmod(enginehook.hints.sessions, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(enginehook.hints.choice, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
     assert result.failed == 0
 
