@@ -39,9 +39,9 @@ Left out, with the reason: privileges (a privileged program is resumed regardles
 capacity and never reclaimed; AgentInfer takes a session's id as its task id, so one
 program at a time holds the privilege on a pool under 524,288 tokens; ``_can_promote``,
 ``_privileged_program_limit``) and the parent/child handoff (these traces carry no
-parent), so the model errs on the side of fewer holds; the 30-min paused retention
-release (no program here pauses that long); the ``auto`` mode (the default is ``on``);
-and the subset-sum fit of reclaim victims (here: smallest first within each layer until
+parent): here that one program may be held where AgentInfer lets it through; the 30-min
+paused retention release (no program here pauses that long); the ``auto`` mode (the
+default is ``on``); and the subset-sum fit of reclaim victims (here: smallest first within each layer until
 the deficit is covered).
 """
 
