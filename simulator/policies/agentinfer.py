@@ -41,8 +41,8 @@ program at a time holds the privilege on a pool under 524,288 tokens; ``_can_pro
 ``_privileged_program_limit``) and the parent/child handoff (these traces carry no
 parent): here that one program may be held where AgentInfer lets it through; the 30-min
 paused retention release (no program here pauses that long); the ``auto`` mode (the
-default is ``on``); and the subset-sum fit of reclaim victims (here: smallest first within each layer until
-the deficit is covered).
+default is ``on``); and the subset-sum fit of reclaim victims (here: smallest first
+within each layer until the deficit is covered).
 """
 
 from __future__ import annotations
