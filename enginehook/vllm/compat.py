@@ -68,8 +68,8 @@ VERSION_NOTES = {
         "(_next_waiting_queue) and counts a program's turn there as waiting (expiry, victims)",
         "cache_aware_admission_window (off by default) reorders the first N of the waiting "
         "queue by cached prefix each step once KV usage >= the threshold: with the hook it "
-        "reorders the first N of the hook's order, so a pinned program's turn, whose whole "
-        "prefix is cached, stays first",
+        "reorders the first N of the hook's order by cached prefix: a returning turn whose "
+        "prefix a pin holds moves up, behind only waiting requests with a longer cached one",
         "BlockPool.free_blocks(evict_first=False): the hook releases a pin without it (its "
         "blocks stay in the prefix cache, evicted least recently freed first, as a "
         "finished turn's): vLLM keeps evict_first for blocks another tier already holds",
