@@ -485,6 +485,56 @@ def serve_metrics(
     return server, server.port
 
 
+class _CommandRoutes:
+    """The pin-command routes: 404 where pin commands are off, 403 for a peer or
+    credential :class:`EndpointAccess` refuses."""
+
+    def __init__(
+        self, commands: PinCommands | None, access: EndpointAccess, clock: Callable[[], float]
+    ) -> None:
+        self.commands, self.access, self.clock = commands, access, clock
+
+    def _gate(self, request: Request) -> tuple[PinCommands | None, Response | None]:
+        if self.commands is None:
+            return None, JSONResponse({"error": "not found"}, status_code=404)
+        peer = request.client.host if request.client else ""
+        auth = request.headers.get("authorization", "")
+        why = self.access.refusal(peer, request.url.scheme, auth)
+        denied = None if why is None else JSONResponse({"error": why}, status_code=403)
+        return self.commands, denied
+
+    async def submit(self, request: Request) -> Response:
+        commands, denied = self._gate(request)
+        if commands is None or denied is not None:
+            return denied or JSONResponse({"error": "not found"}, status_code=404)
+        session, colon, action = request.path_params["rest"].rpartition(":")
+        if not colon:
+            error = "expected /cachettl/pins/{session}:{drop|extend}"
+            return JSONResponse({"error": error}, status_code=404)
+        try:
+            ttl = _ttl(await _bounded_body(request))
+        except ValueError as error:
+            return JSONResponse({"state": "rejected", "detail": str(error)}, status_code=400)
+        answer = commands.submit(action, session, self.clock(), ttl)
+        busy = answer.get("detail") == BUSY
+        return JSONResponse(answer, status_code=429 if busy else _STATUS[answer["state"]])
+
+    async def outcome(self, request: Request) -> Response:
+        commands, denied = self._gate(request)
+        if commands is None or denied is not None:
+            return denied or JSONResponse({"error": "not found"}, status_code=404)
+        answer = commands.get(request.path_params["command_id"])
+        if answer is None:
+            return JSONResponse({"error": "no such command (unknown or too old)"}, 404)
+        return JSONResponse(answer)
+
+    async def listing(self, request: Request) -> Response:
+        commands, denied = self._gate(request)
+        if commands is None or denied is not None:
+            return denied or JSONResponse({"error": "not found"}, status_code=404)
+        return JSONResponse({"commands": commands.ids()})
+
+
 def _endpoint_app(
     metrics: HookMetrics,
     commands: PinCommands | None,
@@ -498,54 +548,16 @@ def _endpoint_app(
             metrics.prometheus(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
-    def refused(request: Request) -> Response | None:
-        peer = request.client.host if request.client else ""
-        why = access.refusal(peer, request.url.scheme, request.headers.get("authorization", ""))
-        return None if why is None else JSONResponse({"error": why}, status_code=403)
-
-    async def command(request: Request) -> Response:
-        if commands is None:
-            return JSONResponse({"error": "not found"}, status_code=404)
-        if (denied := refused(request)) is not None:
-            return denied
-        session, colon, action = request.path_params["rest"].rpartition(":")
-        if not colon:
-            error = "expected /cachettl/pins/{session}:{drop|extend}"
-            return JSONResponse({"error": error}, status_code=404)
-        try:
-            ttl = _ttl(await _bounded_body(request))
-        except ValueError as error:
-            return JSONResponse({"state": "rejected", "detail": str(error)}, status_code=400)
-        answer = commands.submit(action, session, clock(), ttl)
-        busy = answer.get("detail") == BUSY
-        return JSONResponse(answer, status_code=429 if busy else _STATUS[answer["state"]])
-
-    async def outcome(request: Request) -> Response:
-        if commands is None:
-            return JSONResponse({"error": "not found"}, status_code=404)
-        if (denied := refused(request)) is not None:
-            return denied
-        answer = commands.get(request.path_params["command_id"])
-        if answer is None:
-            return JSONResponse({"error": "no such command (unknown or too old)"}, 404)
-        return JSONResponse(answer)
-
-    async def listing(request: Request) -> Response:
-        if commands is None:
-            return JSONResponse({"error": "not found"}, status_code=404)
-        if (denied := refused(request)) is not None:
-            return denied
-        return JSONResponse({"commands": commands.ids()})
-
     async def not_found(request: Request) -> Response:
         return JSONResponse({"error": "not found"}, status_code=404)
 
+    pins = _CommandRoutes(commands, access, clock)
     return Starlette(
         routes=[
             Route("/metrics", scrape, methods=["GET"]),
-            Route(PINS_PATH + "commands", listing, methods=["GET"]),
-            Route(PINS_PATH + "commands/{command_id}", outcome, methods=["GET"]),
-            Route(PINS_PATH + "{rest:path}", command, methods=["POST"]),
+            Route(PINS_PATH + "commands", pins.listing, methods=["GET"]),
+            Route(PINS_PATH + "commands/{command_id}", pins.outcome, methods=["GET"]),
+            Route(PINS_PATH + "{rest:path}", pins.submit, methods=["POST"]),
             Route("/{any:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "HEAD"]),
         ]
     )
