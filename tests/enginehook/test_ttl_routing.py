@@ -221,9 +221,9 @@ class _Fixed:
         return Decision(30.0, 0.9, 1.0, "fixed", 2.0)
 
 
-def _controller() -> PinController[str]:
+def _controller(rules: SchedulingRules | None = None) -> PinController[str]:
     controller = PinController(
-        SchedulingRules(), MinimalHost(), pool_blocks=100, decider=_Fixed(), engine_id="e"
+        rules or SchedulingRules(), MinimalHost(), pool_blocks=100, decider=_Fixed(), engine_id="e"
     )
     controller.arrived("p", 0.0, 0.0)
     controller.admitted("p", 0.0)
@@ -250,11 +250,11 @@ def test_a_pin_controller_publishes_stats_the_router_reads_back() -> None:
     assert route("p", [view, _r("r2", free=10_000)], now=2.0).ranked[0] == "r1"
 
 
-def test_a_replica_publishes_the_waits_of_its_own_queue_order() -> None:
-    # the default `program` order: preempted, then programs with a live pin, then by first
-    # arrival. Queued: a preempted request, q's pinned return, an older program's turn and a
-    # new program's first turn; 200 tokens of running prefill left.
-    controller = _controller()
+def _queue_view(rules: SchedulingRules) -> ReplicaView:
+    """A replica's view under ``rules``. Queued: a preempted request, q's pinned return, an
+    older program's first turn and a new program's first turn; 200 tokens of running
+    prefill left; p holds a pin and has not returned yet."""
+    controller = _controller(rules)
     controller.arrived("q", 0.5, 0.5)
     controller.admitted("q", 0.5)
     controller.finished(FinishedTurn("q", "bash", "ls", 160), 1.0, lambda: (10, "blocks"))
@@ -281,6 +281,13 @@ def test_a_replica_publishes_the_waits_of_its_own_queue_order() -> None:
     view = view_of("r1", stats, RATE)
     assert (view.queued_tokens, view.waiting, view.running) == (500 + 640 + 1_000 + 3_000, 4, 1)
     assert view.bound == 5  # p, q, r, old, n1
+    return view
+
+
+def test_a_replica_publishes_the_waits_of_the_papers_queue_order() -> None:
+    # the paper's `program` order: preempted, then programs with a live pin, then by first
+    # arrival (new programs' first turns wait behind pinned returns)
+    view = _queue_view(SchedulingRules(first_turn_over_pins=False))
     # p's return: behind the running prefill and the preempted request only (q arrived later)
     assert view.pins["p"].ahead_tokens == 200 + 500
     assert view.pins["q"].ahead_tokens == 200 + 500 + 640  # its own queued turn first
@@ -290,6 +297,16 @@ def test_a_replica_publishes_the_waits_of_its_own_queue_order() -> None:
         rival = _r("r2", ahead=0, running=requests)
         assert route("p", [view, rival], now=2.0).rule == rule, requests
     assert route("fresh", [view, _r("r2", ahead=0, running=8)], now=2.0).ranked[0] == "r2"
+
+
+def test_a_replica_publishes_the_waits_of_the_default_queue_order() -> None:
+    # the default: preempted, then new programs' first turns (old and n1, by arrival), then
+    # programs with a live pin, then the rest by first arrival
+    view = _queue_view(SchedulingRules())
+    assert view.pins["p"].ahead_tokens == 200 + 500 + 1_000 + 3_000
+    assert view.pins["q"].ahead_tokens == 200 + 500 + 1_000 + 3_000 + 640
+    # a new program: behind the preempted request and the earlier first turns, ahead of q
+    assert view.ahead_tokens == 200 + 500 + 1_000 + 3_000
 
 
 def test_bad_stats_and_views_name_the_field() -> None:

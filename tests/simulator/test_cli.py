@@ -74,7 +74,7 @@ def test_generate_then_simulate_a_trace_file(tmp_path: Path, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--policy", "vllm,lru"], "unknown policy 'lru'; valid: autellix, cachettl"),
+        (["--policy", "vllm,lru"], "unknown policy 'lru'; valid: agentinfer, autellix, cachettl"),
         (["--hardware", "tpu"], "unknown hardware profile 'tpu'; valid: llama3.1-70b"),
         (["--rate", "-1"], "--rate must be a positive number"),
         (["--rate", "0"], "--rate must be a positive number"),
