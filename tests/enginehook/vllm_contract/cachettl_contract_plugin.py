@@ -66,13 +66,30 @@ def _hook_classes() -> tuple[type, type]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             admitted = self.controller.admitted  # type: ignore[attr-defined]
-            self.admissions: dict[str, int] = {}
+            #: Requests the controller saw admitted, with how often (a request id may be
+            #: reused for a later turn: counted per request object).
+            self.admissions: list[tuple[Any, list[int]]] = []
+            self._admitting: list[int] | None = None
 
             def counted(program_id: str, *rest: Any, **named: Any) -> Any:
-                self.admissions[program_id] = self.admissions.get(program_id, 0) + 1
+                if self._admitting is not None:
+                    self._admitting[0] += 1
                 return admitted(program_id, *rest, **named)
 
             self.controller.admitted = counted  # type: ignore[attr-defined]
+
+        def _admitted(self, new: Any, now: float) -> None:
+            request = self.requests.get(new.req_id)  # type: ignore[attr-defined]
+            seen = getattr(request, "_contract_admissions", None)
+            if request is not None and seen is None:
+                seen = [0]
+                request._contract_admissions = seen
+                self.admissions.append((request, seen))
+            self._admitting = seen
+            try:
+                super()._admitted(new, now)  # type: ignore[misc]
+            finally:
+                self._admitting = None
 
         def add_request(self, request: Any) -> None:
             if request.session_id is None:
@@ -197,8 +214,8 @@ def _audit(scheduler: Any) -> list[str]:
     ]
     queued = pool.free_block_queue.get_all_free_blocks()
     problems += [f"free block {b.block_id} has ref_cnt {b.ref_cnt}" for b in queued if b.ref_cnt]
-    admissions = getattr(scheduler, "admissions", {})
-    problems += [f"{p} admitted {n} times" for p, n in admissions.items() if n > 1]
+    admissions = getattr(scheduler, "admissions", [])
+    problems += [f"{r.request_id} admitted {n[0]} times" for r, n in admissions if n[0] > 1]
     controller = getattr(scheduler, "controller", None)
     if controller is not None:
         controller.release_all()

@@ -13,9 +13,18 @@ import re
 
 __all__ = ["EXCEPTIONS", "exception_for"]
 
-#: ``test id or prefix*`` -> (modes, failure message pattern, reason). Empty: vLLM's free-
-#: block counts right after a finish are made pin-aware instead (``pinaware.PIN_AWARE``).
-EXCEPTIONS: dict[str, tuple[tuple[str, ...], str, str]] = {}
+#: ``test id or prefix*`` -> (modes, failure message pattern, reason). vLLM's free-block
+#: counts right after a finish are made pin-aware instead (``pinaware.PIN_AWARE``).
+EXCEPTIONS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "tests/v1/core/test_scheduler.py::test_cache_aware_admission_*": (
+        ("defaults", "active", "pins"),
+        r"'warm'",
+        "vLLM 0.34's cache-aware admission tests create `warm` before `cold` and add them in "
+        "the other order, and expect `cold` first wherever the window does not reorder: vLLM's "
+        "FCFS queue keeps the order of add_request, the hook's queue orders by (program) "
+        "arrival time, so `warm`, which arrived first, goes first (with the window off too)",
+    ),
+}
 
 
 def exception_for(test_id: str, mode: str, message: str = "") -> str | None:
