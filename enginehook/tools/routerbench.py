@@ -11,7 +11,7 @@ that reads new stats from every replica (``read``: at most once per replica per
 Half the decisions are for programs holding a pin somewhere, half for new programs; each
 is followed by the router's record of the route (as Ray's ``on_request_routed``), and all
 of them come after the stats were taken, so every decision adds the routes since. The
-stats are those :func:`~enginehook.routing.rule.replica_stats` publishes, with pins of
+stats are those :func:`~enginehook.routing.stats.replica_stats` publishes, with pins of
 random expiry, size and queue position.
 
 >>> rows = run_router_bench([2], pins_per_replica=10, decisions=20, seed=1)
