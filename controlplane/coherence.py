@@ -39,12 +39,12 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from controlplane.records import Move
+from controlplane.records import MAX_PROGRAM_LOCATIONS, Move
 
 __all__ = ["MAX_PROGRAMS", "Location", "Move", "ProgramLocations"]
 
 #: Programs whose location is kept per tenant (the least recently arrived go first).
-MAX_PROGRAMS = 200_000
+MAX_PROGRAMS = MAX_PROGRAM_LOCATIONS
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from typing import Self
 
 __all__ = [
     "LIMITS",
+    "MAX_PROGRAM_LOCATIONS",
     "MISSES",
     "AppendResult",
     "Limits",
@@ -304,6 +305,11 @@ class SnapshotRecord:
     end_seq: int
     created_at: float
     payload: bytes
+
+
+#: Programs whose location pin coherence keeps per tenant, in memory or in PostgreSQL (the
+#: least recently arrived go first).
+MAX_PROGRAM_LOCATIONS = 200_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,6 +161,25 @@ def _counters(metrics_port: int) -> dict[str, float]:
     return found
 
 
+def _serve(args: argparse.Namespace, db: str) -> tuple[subprocess.Popen[str], str, int]:
+    """A control-plane server on ``db`` in a process of its own: the process, its gRPC
+    target and its metrics port."""
+    metrics_port = _free_port()
+    cmd = [sys.executable, "-m", "controlplane", "serve", "--db", db]
+    cmd += ["--listen", "127.0.0.1:0", "--metrics", f"127.0.0.1:{metrics_port}"]
+    cmd += ["--max-streams-per-peer", str(args.streams + 64)]
+    cmd += ["--max-streams-per-tenant", str(max(1024, args.streams))]
+    if args.max_arrivals_per_tenant is not None:
+        cmd += ["--max-arrivals-per-tenant", str(args.max_arrivals_per_tenant)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "on port" not in line:
+        proc.terminate()
+        raise RuntimeError(f"server did not start: {line!r}")
+    return proc, f"127.0.0.1:{int(line.split('on port')[1].split()[0])}", metrics_port
+
+
 def _run(args: argparse.Namespace) -> int:
     from controlplane.service import ControlPlane
     from controlplane.storage import create_store
@@ -174,20 +193,8 @@ def _run(args: argparse.Namespace) -> int:
         _, victim = plane.create_tenant("victim")
         _, flood = plane.create_tenant("flood")
         store.close()
-        metrics_port = _free_port()
-        cmd = [sys.executable, "-m", "controlplane", "serve", "--db", db]
-        cmd += ["--listen", "127.0.0.1:0", "--metrics", f"127.0.0.1:{metrics_port}"]
-        cmd += ["--max-streams-per-peer", str(args.streams + 64)]
-        cmd += ["--max-streams-per-tenant", str(max(1024, args.streams))]
-        if args.max_arrivals_per_tenant is not None:
-            cmd += ["--max-arrivals-per-tenant", str(args.max_arrivals_per_tenant)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc, target, metrics_port = _serve(args, db)
         try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if "on port" not in line:
-                raise RuntimeError(f"server did not start: {line!r}")
-            target = f"127.0.0.1:{int(line.split('on port')[1].split()[0])}"
             _decisions(target, victim, args.rate, 2.0)  # warm-up, not counted
             quiet = _decisions(target, victim, args.rate, args.seconds)
             base = _rss_mb(proc.pid)
@@ -218,18 +225,32 @@ def _run(args: argparse.Namespace) -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+    _report(args, quiet, loud, base, peak[0], moved, refused[0], counters)
+    return 0
+
+
+def _report(
+    args: argparse.Namespace,
+    quiet: list[float],
+    loud: list[float],
+    base: float,
+    peak: float,
+    moved: int,
+    refused: int,
+    counters: dict[str, float],
+) -> None:
     q50, q99 = _pct(quiet, 0.5), _pct(quiet, 0.99)
     l50, l99 = _pct(loud, 0.5), _pct(loud, 0.99)
-    grown = peak[0] - base
+    grown = peak - base
     print(f"never-reading WatchMoves streams of tenant flood: {args.streams}")
     print(
         f"moves the flood's reports revealed: {moved:,}; reports refused for the tenant's "
-        f"arrival rate: {refused[0]:,}"
+        f"arrival rate: {refused:,}"
     )
     for name, value in counters.items():
         print(f"  {name}: {value:,.0f}")
     print(
-        f"server RSS: {base:.0f} MB before the flood, {peak[0]:.0f} MB at peak "
+        f"server RSS: {base:.0f} MB before the flood, {peak:.0f} MB at peak "
         f"(+{grown:.0f} MB; bound +{MEMORY_BOUND_MB:.0f} MB: "
         f"{'ok' if grown <= MEMORY_BOUND_MB else 'OVER'})"
     )
@@ -238,4 +259,3 @@ def _run(args: argparse.Namespace) -> int:
         f"({len(quiet)} calls); during the flood p50 {l50:.2f} ms p99 {l99:.2f} ms "
         f"({len(loud)} calls); p99 ratio {l99 / q99:.2f} (target <= 2)"
     )
-    return 0

@@ -48,9 +48,8 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Engine
 
-from controlplane.coherence import MAX_PROGRAMS
 from controlplane.errors import StorageError
-from controlplane.records import Move, Tenant
+from controlplane.records import MAX_PROGRAM_LOCATIONS, Move, Tenant
 from controlplane.storage.base import Store
 from controlplane.storage.sql import SqlStore, autocommit
 
@@ -203,7 +202,7 @@ class SharedLocations:
         engine: Engine,
         keep_s: float = KEEP_S,
         prune_every_s: float = PRUNE_EVERY_S,
-        max_programs: int = MAX_PROGRAMS,
+        max_programs: int = MAX_PROGRAM_LOCATIONS,
         trim_check: int = TRIM_CHECK,
         batch: int = PRUNE_BATCH,
     ) -> None:
