@@ -35,7 +35,7 @@ True
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -95,6 +95,13 @@ class ProgramLocations:
             if left is not None:
                 moves.append(Move(program, left, engine_id, at))
         return moves
+
+    def engines(self, tenant: str) -> Counter[str]:
+        """How many of the tenant's programs were last seen on each engine."""
+        programs = self._tenants.get(tenant)
+        if programs is None:
+            return Counter()
+        return Counter(location.engine_id for location in list(programs.values()))
 
     def where(self, tenant: str, program_id: str) -> Location | None:
         """Where the program's latest turn arrived (``None``: unknown or forgotten)."""

@@ -86,6 +86,12 @@ class ControlPlane:
 
     # -- start-up and the log ---------------------------------------------------------
 
+    @property
+    def model_lock(self) -> threading.RLock:
+        """The lock models are learned and read under: hold it to read several of a
+        tenant's models as one consistent view."""
+        return self._lock
+
     def _restore(self) -> ModelState:
         self.state = ModelState.fresh(self.policy, self.min_samples, self.profile, self.sharing)
         self.name_limits.apply(self.state.models.durations)

@@ -77,9 +77,8 @@ class Console:
                 f"--console: the chart library is missing from {VENDOR}; scripts/setup "
                 "copies it there (uPlot, from the npm registry)"
             )
-        servicer = self.server._servicer  # built by start(): the one the RPCs use
+        servicer = self.server.servicer  # built by start(): the one the RPCs use
         src = Sources(self.server.plane, servicer, History(self.options.history_keep))
-        src.moves.attach(servicer.coherence)
         self.sources = src
         sessions = Sessions(servicer.tenants, self.options.admin_token)
         host, port = self.options.host_port()

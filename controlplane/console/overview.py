@@ -42,7 +42,7 @@ def shared(src: Sources, tenant: Tenant, name: str = "", page: int = 1) -> dict[
     if not tenant.share:
         return {"tenant": tenant.name, "share": False, "tools": [], "page": 1, "pages": 1}
     state = src.plane.state
-    with src.plane._lock:
+    with src.plane.model_lock:
         names = sorted(state.shared.tools)
         found = {
             n: m
@@ -84,9 +84,9 @@ def engines(src: Sources, tenant: Tenant) -> dict[str, Any]:
     out: dict[str, Any] = {"tenant": who, "version": current, "engines": []}
     if servicer is None:
         return out
-    latest = servicer._latest.get(who)
-    out["snapshot_sent"] = latest[0] if latest else None
-    out["snapshot_lag"] = current - latest[0] if latest else None
+    sent = servicer.snapshot_sent(who)
+    out["snapshot_sent"] = sent
+    out["snapshot_lag"] = None if sent is None else current - sent
     out["streams"] = servicer.gate.streams_of(who)
     hub = servicer.coherence
     engines: dict[str, dict[str, Any]] = {}
@@ -94,15 +94,12 @@ def engines(src: Sources, tenant: Tenant) -> dict[str, Any]:
     def engine(e: str) -> dict[str, Any]:
         return engines.setdefault(e, {"engine": e, "watching": 0, "programs": 0, "moves": 0})
 
-    for (t, e), watchers in list(hub._watchers.items()):
-        if t == who:
-            engine(e)["watching"] = len(watchers)
-    for e, n in src.moves.of(who).items():
+    for e, n in hub.watching(who).items():
+        engine(e)["watching"] = n
+    for e, n in hub.told_to(who).items():
         engine(e)["moves"] = n
-    if hub.shared is None:  # locations in memory (on PostgreSQL they are the database's)
-        programs = hub.locations._tenants.get(who, {})
-        for location in list(programs.values()):
-            engine(location.engine_id)["programs"] += 1
+    for e, n in (hub.programs_here(who) or {}).items():  # None: the database holds them
+        engine(e)["programs"] = n
     out["engines"] = sorted(engines.values(), key=lambda e: e["engine"])[:PAGE]
     out["engine_count"] = len(engines)
     return out

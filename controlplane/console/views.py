@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from controlplane import inspection
-from controlplane.console.watch import History, MovesTold
+from controlplane.console.watch import History
 from controlplane.records import MISSES, MissQuery, MissReason, PinOutcome, Tenant
 from controlplane.service import ControlPlane
 from controlplane.state import PinCounts
@@ -52,7 +52,6 @@ class Sources:
     plane: ControlPlane
     servicer: Any = None
     history: History = field(default_factory=History)
-    moves: MovesTold = field(default_factory=MovesTold)
     #: Store reads of a tool (misses, timelines) by (what, tenant, tool, tenant version):
     #: a page polled while nothing new arrived reads the database once.
     reads: OrderedDict[tuple[str, str, str, int], Any] = field(default_factory=OrderedDict)
@@ -156,13 +155,13 @@ def distribution(model: DurationModel) -> dict[str, Any]:
 
 def _signatures(src: Sources, tenant: str, name: str, q: str, page: int) -> dict[str, Any]:
     state = src.plane.state
-    with src.plane._lock:  # the lock inspection is read under (ControlPlane)
+    with src.plane.model_lock:  # the lock inspection is read under (ControlPlane)
         names = state.signatures_of(tenant, name)
     if q:
         names = [s for s in names if q.casefold() in s.casefold()]
     rows, paging = paged(names, page)
     listed = []
-    with src.plane._lock:
+    with src.plane.model_lock:
         for sig in rows:
             model = inspection.stored_model(state, tenant, (Level.INVOCATION, name, sig))
             if model is not None:
@@ -245,7 +244,7 @@ def tool(
     the tool's signatures (paged). None if the tenant has no such tool or signature."""
     plane, who = src.plane, tenant.name
     key = (Level.INVOCATION, name, sig) if sig else (Level.TOOL, name, "")
-    with plane._lock:
+    with plane.model_lock:
         model = inspection.stored_model(plane.state, who, key)
         if model is None:
             return None

@@ -1,9 +1,8 @@
 """What the console records over time that the models keep no history of.
 
 - :class:`History`: each tenant's η and T (and counts), sampled every ``interval_s`` since
-  the console started, the newest ``keep`` samples per tenant;
-- :class:`MovesTold`: moves told to watching engines, per tenant and engine the program
-  left, counted as the pin-coherence hub tells them.
+  the console started, the newest ``keep`` samples per tenant (moves told are counted by
+  the pin-coherence hub itself: ``CoherenceHub.told``).
 
 >>> h = History(keep=2)
 >>> for t in (1.0, 2.0, 3.0):
@@ -14,13 +13,9 @@
 
 from __future__ import annotations
 
-from collections import Counter, deque
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections import deque
 
-from controlplane.records import Move
-
-__all__ = ["History", "MovesTold"]
+__all__ = ["History"]
 
 
 class History:
@@ -50,30 +45,3 @@ class History:
     def series(self, tenant: str) -> list[dict[str, float]]:
         """The tenant's samples, oldest first (empty if none)."""
         return list(self._points.get(tenant, ()))
-
-
-class MovesTold:
-    """Counts the moves a pin-coherence hub tells, per (tenant, engine left).
-
-    :meth:`attach` wraps the hub's ``tell`` (the one place every move passes, local or
-    published by another replica); a move counts when the engine it left had a watcher.
-    """
-
-    def __init__(self) -> None:
-        self.counts: Counter[tuple[str, str]] = Counter()
-
-    def attach(self, hub: Any) -> None:
-        tell: Callable[[str, Iterable[Move]], None] = hub.tell
-        watchers: dict[tuple[str, str], set[Any]] = hub._watchers
-
-        def counted(tenant: str, moves: Iterable[Move]) -> None:
-            moves = list(moves)
-            for move in moves:
-                if watchers.get((tenant, move.from_engine)):
-                    self.counts[tenant, move.from_engine] += 1
-            tell(tenant, moves)
-
-        hub.tell = counted
-
-    def of(self, tenant: str) -> dict[str, int]:
-        return {engine: n for (t, engine), n in self.counts.items() if t == tenant}

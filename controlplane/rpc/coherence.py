@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from functools import cached_property
@@ -190,12 +190,30 @@ class CoherenceHub:
         self._maintaining: asyncio.Task[None] | None = None
         self._here_lock = threading.Lock()
         self._late_logged = float("-inf")
+        #: Moves told to a watching engine, per (tenant, engine the program left).
+        self.told: Counter[tuple[str, str]] = Counter()
         self.moves_sent = 0
         self.moves_late = 0
         self.moves_coalesced = 0
         self.moves_dropped = 0
         self.streams_dropped = 0
         self.arrivals_refused = 0
+
+    def watching(self, tenant: str) -> dict[str, int]:
+        """The tenant's engines watching for moves on this server, with their streams."""
+        return {e: len(w) for (t, e), w in list(self._watchers.items()) if t == tenant}
+
+    def told_to(self, tenant: str) -> dict[str, int]:
+        """Moves told to the tenant's watching engines here, per engine the program left."""
+        return {e: n for (t, e), n in list(self.told.items()) if t == tenant}
+
+    def programs_here(self, tenant: str) -> Counter[str] | None:
+        """Programs last seen on each of the tenant's engines (``None`` where the locations
+        are the database's, which this server does not hold)."""
+        if self.shared is not None:
+            return None
+        with self._here_lock:
+            return self.locations.engines(tenant)
 
     @property
     def unread(self) -> int:
@@ -236,6 +254,7 @@ class CoherenceHub:
             watchers = self._watchers.get((tenant, move.from_engine))
             if not watchers:
                 continue
+            self.told[tenant, move.from_engine] += 1
             late = now - move.arrived_at
             if late > LATE_S:
                 self.moves_late += 1

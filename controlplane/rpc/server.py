@@ -204,6 +204,14 @@ class ControlPlaneServer:
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
+    @property
+    def servicer(self) -> Servicer:
+        """The servicer the RPCs use (built by :meth:`start`)."""
+        if "_servicer" not in self.__dict__:
+            raise RuntimeError("the server has not been started")
+        servicer: Servicer = self.__dict__["_servicer"]
+        return servicer
+
     def _build(self) -> grpc.aio.Server:
         o = self.options
         # No gRPC-level maximum_concurrent_rpcs: it counts calls from their headers on, so

@@ -175,6 +175,11 @@ class Servicer(CoherenceMethods):
         self._views = ThreadPoolExecutor(1, "cachettl-views")
         self._latest: dict[str, tuple[int, bytes]] = {}
 
+    def snapshot_sent(self, tenant: str) -> int | None:
+        """The newest snapshot version this server streamed to the tenant's engines."""
+        latest = self._latest.get(tenant)
+        return latest[0] if latest else None
+
     def close(self) -> None:
         if "coherence" in self.__dict__:  # created (cached_property) by a first call
             self.coherence.close()
