@@ -73,9 +73,10 @@ class PinOutcome(IntEnum):
     RELEASED_UNDER_PRESSURE = 3
     #: The policy chose not to pin (TTL 0), or the pin was refused.
     NOT_PINNED = 4
-    #: The program's next turn arrived at another engine; this engine released the pin when
-    #: the control plane told it (pin coherence). Neither a hit nor a waste of the TTL: the
-    #: router, not the policy, decided where the program went.
+    #: The program's next turn arrived at another engine (the control plane told this one,
+    #: or a router dropped the pin to send it there); this engine released what it held.
+    #: Neither a hit nor a waste of the TTL: the router, not the policy, decided where the
+    #: program went; and its next turn was admitted elsewhere, so it is no sample of T.
     MOVED = 5
 
     @property

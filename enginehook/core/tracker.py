@@ -98,12 +98,15 @@ _OF_RELEASE = {
     ReleaseReason.TTL: PinOutcome.EXPIRED,
     ReleaseReason.PRESSURE: PinOutcome.RELEASED_UNDER_PRESSURE,
     ReleaseReason.BUDGET: PinOutcome.RELEASED_UNDER_PRESSURE,
+    ReleaseReason.MOVED: PinOutcome.MOVED,
+    ReleaseReason.DROPPED: PinOutcome.MOVED,
 }
 
 
 def outcome_of_release(reason: ReleaseReason) -> PinOutcome:
     """The outcome recorded when a pin ends for ``reason`` before its program returns
-    (``UNSPECIFIED`` for program end, replacement and shutdown)."""
+    (``MOVED`` when its program went to another engine or a router dropped it for that;
+    ``UNSPECIFIED`` for program end, replacement and shutdown)."""
     return _OF_RELEASE.get(reason, PinOutcome.UNSPECIFIED)
 
 
@@ -439,7 +442,8 @@ class ToolCallTracker:
             finished_at=pending.finished_at,
             turn_index=pending.turn_index,
             chosen_ttl_s=pending.ttl_s,
-            pin_outcome=PinOutcome.UNSPECIFIED,
+            # whatever its pin did here, the next turn was admitted elsewhere: no sample of T
+            pin_outcome=PinOutcome.MOVED,
             admission_delay_s=0.0,
             basis=pending.basis,
         )

@@ -81,9 +81,32 @@ def test_every_release_reason_has_one_outcome():
         ReleaseReason.REPLACED: PinOutcome.UNSPECIFIED,
         ReleaseReason.SHUTDOWN: PinOutcome.UNSPECIFIED,
         ReleaseReason.CLOSED: PinOutcome.UNSPECIFIED,  # the session ends: no return follows
-        ReleaseReason.MOVED: PinOutcome.UNSPECIFIED,  # it returned to another engine
-        ReleaseReason.DROPPED: PinOutcome.UNSPECIFIED,  # a router sends it to another engine
+        ReleaseReason.MOVED: PinOutcome.MOVED,  # it returned to another engine
+        ReleaseReason.DROPPED: PinOutcome.MOVED,  # a router sends it to another engine
     }
+
+
+@pytest.mark.parametrize(
+    ("pinned", "reason"),
+    [
+        (True, None),  # the pin lived until the move
+        (True, ReleaseReason.MOVED),  # released as moved first
+        (True, ReleaseReason.DROPPED),
+        (True, ReleaseReason.TTL),  # it had expired before the move
+        (False, None),
+    ],
+)
+def test_a_program_that_moved_reports_its_tool_call_as_moved(pinned, reason):
+    # counted among the tool's calls (an unspecified outcome is not), never a sample of T:
+    # its next turn was admitted at another engine
+    t = ToolCallTracker("e")
+    t.turn_finished("p", 0.0, tool="bash", ttl_s=2.0, pinned=pinned)
+    if reason is not None:
+        t.pin_released("p", reason)
+    ev = t.moved("p", 1.5)
+    assert ev is not None
+    assert (ev.pin_outcome, ev.duration_s) == (PinOutcome.MOVED, 1.5)
+    assert not ev.queue_delay_sample
 
 
 @pytest.mark.parametrize("outcome", list(PinOutcome))
