@@ -10,7 +10,7 @@ Configure it on a deployment whose replicas publish CacheTTL's routing stats
         request_router_kwargs={
             "credit_decay_s": 60.0,
             "prefill_tokens_per_s": 1000.0,
-            "pin_token_file": "/etc/cachettl/token",  # the hooks' token, if they have one
+            "pin_token_file": "/etc/cachettl/pin-token",  # the hooks' pin_command_token_file
         },
         request_routing_stats_period_s=1.0,
     )

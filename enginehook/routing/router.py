@@ -38,7 +38,8 @@ from enginehook.routing.stats import view_of
 __all__ = ["KWARGS", "Drops", "TtlRouter"]
 
 #: The router's settings and their defaults (Ray Serve's ``request_router_kwargs``).
-#: ``pin_token_file``: a file holding the hooks' bearer token, read once (empty: no token);
+#: ``pin_token_file``: a file holding the hooks' pin-command token (their ``pin_command_token``),
+#: read once (empty: no token);
 #: ``step_wait``: waits add half the step each replica publishes it is running.
 KWARGS: Mapping[str, Any] = {
     "credit_decay_s": 60.0,
