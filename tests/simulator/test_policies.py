@@ -31,8 +31,12 @@ def test_registry_names_and_error():
         "oracle",
         "program-fcfs",
         "static-ttl",
+        "agentinfer",
+        "vllm-cache-aware",
     } <= set(POLICIES)
-    with pytest.raises(ValueError, match="unknown policy 'lifo'; valid: autellix, cachettl"):
+    with pytest.raises(
+        ValueError, match="unknown policy 'lifo'; valid: agentinfer, autellix, cachettl"
+    ):
         get_scheduling_policy("lifo")
 
 
