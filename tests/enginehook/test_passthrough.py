@@ -124,9 +124,10 @@ def test_with_prefix_caching_the_hook_is_active_and_its_queue_keeps_vllms_contra
     scheduler.shutdown()
 
 
-def test_the_version_guard_names_both_tested_versions():
+def test_the_version_guard_names_every_tested_version():
     from enginehook.vllm.compat import TESTED_VERSIONS, check_vllm
 
-    assert TESTED_VERSIONS == ("0.32.0", "0.33.0")
-    with pytest.raises(RuntimeError, match=r"0\.34\.0 is not a tested version.*0\.32\.0, 0\.33\.0"):
-        check_vllm("0.34.0")
+    assert TESTED_VERSIONS == ("0.32.0", "0.33.0", "0.34.0")
+    tested = r"0\.32\.0, 0\.33\.0, 0\.34\.0"
+    with pytest.raises(RuntimeError, match=r"0\.35\.0 is not a tested version.*" + tested):
+        check_vllm("0.35.0")

@@ -22,7 +22,8 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from controlplane.kvhints import RETENTION_ACTION, XARGS_KEY
-from enginehook.hints.sessions import PATHS, SessionIdMiddleware
+from enginehook.hints.choice import PATHS
+from enginehook.hints.sessions import SessionIdMiddleware
 from tests.enginehook.processes import free_port, start_vllm_server, vllm_healthy, wait_for
 
 CHAT = "/v1/chat/completions"
