@@ -73,6 +73,13 @@ def _events(seed: int = 7) -> list[Event]:
         for _ in range(rng.randint(1, 7)):
             now, event = _turn(tracker, rng, program, now)
             events.append(event)
+        if p % 9 == 4:  # its next turn arrives at another engine: the call is reported moved
+            tracker.turn_finished(program, now, tool="bash", tool_args="ls src", ttl_s=2.0)
+            now += round(rng.lognormvariate(math.log(0.05), 0.8), 6)
+            moved = tracker.moved(program, now)
+            assert moved is not None
+            events.append(moved)
+            continue
         tracker.turn_finished(program, now, tool=None)
         end = tracker.program_end(program, now)
         assert end is not None
