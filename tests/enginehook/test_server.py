@@ -5,6 +5,7 @@ and restarted in the middle of the run."""
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import socket
 import subprocess
@@ -59,7 +60,7 @@ class Stack:
     plane: ControlPlaneProcess
     event_log: Path
     metrics_port: int
-    token: str  # the hook's: a router's pin commands carry it
+    token: str  # the hook's pin-command token: a router's pin commands carry it
 
     def client(self) -> Any:
         from openai import OpenAI
@@ -86,13 +87,14 @@ def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "spill_dir": str(work / "spill"),
         "event_log": str(event_log),
         "metrics_listen": f"127.0.0.1:{metrics_port}",
+        "pin_command_token": (pin_token := secrets.token_urlsafe(24)),
     }
     port = free_port()
     server = start_vllm_server(tiny_model, port, hook, work / "vllm.log")
     try:
         wait_for(lambda: vllm_healthy(server, port, work / "vllm.log"), 300, "the vLLM server")
         url = f"http://127.0.0.1:{port}/v1"
-        yield Stack(url, str(tiny_model), plane, event_log, metrics_port, token)
+        yield Stack(url, str(tiny_model), plane, event_log, metrics_port, pin_token)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -314,5 +316,5 @@ def test_a_router_extends_then_drops_a_live_pin_on_an_idle_engine(stack):
     )
     assert _command(stack, "POST", "agent-D:offload")["state"] == "unsupported"
     assert _command(stack, "POST", "agent-D:drop", token="wrong") == {
-        "error": "pin commands need the hook's bearer token"
+        "error": "pin commands need the hook's pin-command token (pin_command_token)"
     }
