@@ -44,6 +44,60 @@ _built: list[Any] = []
 _pins_taken = [0]
 
 
+class Active:
+    """The hook never passes through (``active`` and ``pins`` modes)."""
+
+    def _passthrough(self) -> None:
+        return None
+
+
+class PinEverything(Active):
+    """Every request its own program, pinned for 30 s when it finishes; the audit
+    checks that the controller saw each program admitted at most once (a request
+    resumed after preemption is not a new turn)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        admitted = self.controller.admitted  # type: ignore[attr-defined]
+        #: Requests the controller saw admitted, with how often (a request id may be
+        #: reused for a later turn: counted per request object).
+        self.admissions: list[tuple[Any, list[int]]] = []
+        self._admitting: list[int] | None = None
+
+        def counted(program_id: str, *rest: Any, **named: Any) -> Any:
+            if self._admitting is not None:
+                self._admitting[0] += 1
+            return admitted(program_id, *rest, **named)
+
+        self.controller.admitted = counted  # type: ignore[attr-defined]
+
+    def _admitted(self, new: Any, now: float) -> None:
+        request = self.requests.get(new.req_id)  # type: ignore[attr-defined]
+        seen = getattr(request, "_contract_admissions", None)
+        if request is not None and seen is None:
+            seen = [0]
+            request._contract_admissions = seen
+            self.admissions.append((request, seen))
+        self._admitting = seen
+        try:
+            super()._admitted(new, now)  # type: ignore[misc]
+        finally:
+            self._admitting = None
+
+    def add_request(self, request: Any) -> None:
+        if request.session_id is None:
+            request.session_id = f"prog-{request.request_id}"
+        params = request.sampling_params
+        if params is not None:
+            params.extra_args = {**(params.extra_args or {}), **PIN_HINTS}
+        super().add_request(request)  # type: ignore[misc]
+
+    def _free_blocks(self, request: Any) -> None:
+        before = len(self.pins)  # type: ignore[attr-defined]
+        super()._free_blocks(request)  # type: ignore[misc]
+        _pins_taken[0] += len(self.pins) > before  # type: ignore[attr-defined]
+
+
 def _hook_classes() -> tuple[type, type]:
     from vllm.v1.core.sched.request_queue import RequestQueue  # noqa: F401 (import order)
 
@@ -51,58 +105,6 @@ def _hook_classes() -> tuple[type, type]:
 
     if MODE == "defaults":
         return CacheTTLScheduler, CacheTTLAsyncScheduler
-
-    class Active:
-        """The hook never passes through (``active`` and ``pins`` modes)."""
-
-        def _passthrough(self) -> None:
-            return None
-
-    class PinEverything(Active):
-        """Every request its own program, pinned for 30 s when it finishes; the audit
-        checks that the controller saw each program admitted at most once (a request
-        resumed after preemption is not a new turn)."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            admitted = self.controller.admitted  # type: ignore[attr-defined]
-            #: Requests the controller saw admitted, with how often (a request id may be
-            #: reused for a later turn: counted per request object).
-            self.admissions: list[tuple[Any, list[int]]] = []
-            self._admitting: list[int] | None = None
-
-            def counted(program_id: str, *rest: Any, **named: Any) -> Any:
-                if self._admitting is not None:
-                    self._admitting[0] += 1
-                return admitted(program_id, *rest, **named)
-
-            self.controller.admitted = counted  # type: ignore[attr-defined]
-
-        def _admitted(self, new: Any, now: float) -> None:
-            request = self.requests.get(new.req_id)  # type: ignore[attr-defined]
-            seen = getattr(request, "_contract_admissions", None)
-            if request is not None and seen is None:
-                seen = [0]
-                request._contract_admissions = seen
-                self.admissions.append((request, seen))
-            self._admitting = seen
-            try:
-                super()._admitted(new, now)  # type: ignore[misc]
-            finally:
-                self._admitting = None
-
-        def add_request(self, request: Any) -> None:
-            if request.session_id is None:
-                request.session_id = f"prog-{request.request_id}"
-            params = request.sampling_params
-            if params is not None:
-                params.extra_args = {**(params.extra_args or {}), **PIN_HINTS}
-            super().add_request(request)  # type: ignore[misc]
-
-        def _free_blocks(self, request: Any) -> None:
-            before = len(self.pins)  # type: ignore[attr-defined]
-            super()._free_blocks(request)  # type: ignore[misc]
-            _pins_taken[0] += len(self.pins) > before  # type: ignore[attr-defined]
 
     base = PinEverything if MODE == "pins" else Active
 
