@@ -22,7 +22,7 @@ from controlplane.console.app import HERE, make_app
 from controlplane.console.sessions import Sessions
 from controlplane.console.views import Sources
 from controlplane.console.watch import History
-from controlplane.rpc.server import ControlPlaneServer, ServerOptions
+from controlplane.rpc.server import ControlPlaneServer, ServerOptions, until_signalled
 
 __all__ = ["Console", "ConsoleOptions", "serve_with_console"]
 
@@ -145,7 +145,6 @@ async def serve_with_console(
     plane: object, options: ServerOptions, console: ConsoleOptions
 ) -> None:
     """``controlplane.rpc.server.serve`` with the console beside the gRPC server."""
-    import signal
 
     from controlplane.service import ControlPlane
 
@@ -160,11 +159,6 @@ async def serve_with_console(
         raise
     print(f"cachettl control plane on port {port} (policy {plane.policy_name})", flush=True)
     print(f"cachettl console on port {web_port}", flush=True)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    await stopping.wait()
-    print("cachettl control plane: shutting down", flush=True)
+    await until_signalled()
     await web.stop()
     await server.stop()

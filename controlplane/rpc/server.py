@@ -33,7 +33,14 @@ from controlplane.rpc.servicer import Servicer, generic_handlers
 from controlplane.service import ControlPlane
 from controlplane.snapshots import MAX_SNAPSHOT_BYTES
 
-__all__ = ["SERVICE_NAMES", "ControlPlaneServer", "ServerOptions", "TlsFiles", "serve"]
+__all__ = [
+    "SERVICE_NAMES",
+    "ControlPlaneServer",
+    "ServerOptions",
+    "TlsFiles",
+    "serve",
+    "until_signalled",
+]
 
 log = logging.getLogger(__name__)
 
@@ -309,15 +316,20 @@ class ControlPlaneServer:
         await self._server.wait_for_termination()
 
 
-async def serve(plane: ControlPlane, options: ServerOptions) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    server = ControlPlaneServer(plane, options)
-    port = await server.start()
-    print(f"cachettl control plane on port {port} (policy {plane.policy_name})", flush=True)
+async def until_signalled() -> None:
+    """Return at SIGTERM or SIGINT, saying the control plane shuts down."""
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     await stopping.wait()
     print("cachettl control plane: shutting down", flush=True)
+
+
+async def serve(plane: ControlPlane, options: ServerOptions) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = ControlPlaneServer(plane, options)
+    port = await server.start()
+    print(f"cachettl control plane on port {port} (policy {plane.policy_name})", flush=True)
+    await until_signalled()
     await server.stop()
