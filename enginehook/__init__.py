@@ -10,8 +10,6 @@ live in :mod:`enginehook.vllm.scheduler` (imports vLLM) and are loaded by vLLM w
 ``--scheduler-cls enginehook.scheduler.CacheTTLScheduler``.
 """
 
-from enginehook.core.decide import TtlDecider
-from enginehook.core.detect import DetectedCall, detect_tool_call
 from enginehook.core.lifecycle import EngineHost, FinishedTurn, PinController
 from enginehook.core.pins import Pin, PinResult, PinTable, ReleaseReason
 from enginehook.core.pressure import PressureRule, choose_victims, may_release
@@ -23,7 +21,6 @@ from enginehook.hints.flat import Hints
 __all__ = [
     "ORDERINGS",
     "VICTIMS",
-    "DetectedCall",
     "EngineHost",
     "FinishedTurn",
     "Hints",
@@ -40,8 +37,6 @@ __all__ = [
     "SortedWaitQueue",
     "ToolCallEvent",
     "ToolCallTracker",
-    "TtlDecider",
     "choose_victims",
-    "detect_tool_call",
     "may_release",
 ]

@@ -92,12 +92,25 @@ PARTS = (
     # The cli's face loads the ``cachettl.commands`` entry points, naming no package.
     Part("cp cli", ("controlplane",), (*_CONTROLPLANE, "estimator")),
     Part("enginehook core", ("enginehook.core",), ("cp vocabulary", "estimator"), forbid=("vllm",)),
+    # The vLLM hook's settings: read by the link and the vLLM wing, and by the tools.
+    Part("enginehook config", ("enginehook.config",), ("enginehook core", "estimator")),
     Part("enginehook hints", ("enginehook.hints",), (*_CORE, *_CONTROLPLANE, "estimator")),
-    Part("enginehook link", ("enginehook.link",), (*_CORE, *_CONTROLPLANE, "estimator")),
+    Part(
+        "enginehook link",
+        ("enginehook.link",),
+        (*_CORE, "enginehook config", *_CONTROLPLANE, "estimator"),
+    ),
     Part(
         "enginehook vllm",
         ("enginehook.vllm", "enginehook.scheduler"),
-        (*_CORE, "enginehook hints", "enginehook link", "cp vocabulary", "estimator"),
+        (
+            *_CORE,
+            "enginehook config",
+            "enginehook hints",
+            "enginehook link",
+            "cp vocabulary",
+            "estimator",
+        ),
     ),
     Part("enginehook tools", ("enginehook.tools",), ("*",)),
     # TTL-aware routing in a router's extension point (Ray Serve's RequestRouter).

@@ -3,7 +3,7 @@
 Registered as an MkDocs hook in ``mkdocs.yml``; at ``on_files`` it adds
 
 - ``reference/configuration.md``: every key of the engine hook's ``--additional-config``
-  (:class:`enginehook.core.config.HookConfig` and
+  (:class:`enginehook.config.HookConfig` and
   :class:`enginehook.core.rules.SchedulingRules`), the TTL policies' ``policy_params``
   (:data:`estimator.POLICIES`), every simulator policy's parameters
   (:data:`simulator.policies.POLICIES`) and the flags of ``cachettl serve`` (its argparse
@@ -131,8 +131,8 @@ def _rst_to_md(text: str, constants: dict[str, Any] | None = None) -> str:
 
 def hook_rows() -> list[tuple[str, str, str]]:
     """``(key, default, meaning)`` of every key ``additional_config.cachettl`` accepts."""
-    from enginehook.core import config as config_module
-    from enginehook.core.config import HookConfig
+    from enginehook import config as config_module
+    from enginehook.config import HookConfig
     from enginehook.core.rules import SchedulingRules
 
     own = [f for f in dataclasses.fields(HookConfig) if f.name != "rules"]
@@ -214,7 +214,7 @@ def configuration_markdown() -> str:
         _GENERATED,
         "Every setting, its default and its meaning, read from the registries that define "
         "them: the engine hook's `HookConfig` and `SchedulingRules` "
-        "(`enginehook/core/config.py`, `enginehook/core/rules.py`), the estimator's TTL "
+        "(`enginehook/config.py`, `enginehook/core/rules.py`), the estimator's TTL "
         "policies, the simulator's policies and the `cachettl serve` command line. "
         "[Concepts](../concepts.md) explains the terms.\n\n",
         "## Engine hook\n\n",

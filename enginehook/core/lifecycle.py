@@ -94,7 +94,7 @@ class Finish(Generic[H]):
 
 
 class Decider(Protocol):
-    """The TTL policy the controller asks (the hook's :class:`enginehook.core.decide.TtlDecider`
+    """The TTL policy the controller asks (the hook's :class:`enginehook.link.decide.TtlDecider`
     adapter, or a simulator policy)."""
 
     def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision: ...

@@ -19,7 +19,7 @@ A pin ends for one of the reasons in :class:`ReleaseReason`:
 - ``MOVED``: the program's next turn arrived at another engine (the control plane's
   ``PinCoherenceService`` tells the engine it left).
 - ``DROPPED``: a router asked the engine to drop the session's pin (it sends the program
-  elsewhere; :mod:`enginehook.core.commands`).
+  elsewhere; :mod:`enginehook.vllm.pin_commands`).
 
 >>> table = PinTable(budget_blocks=10, ttl_cap_s=60.0)
 >>> table.pin("p1", blocks=4, now=0.0, ttl_s=2.0).pinned

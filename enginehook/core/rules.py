@@ -1,7 +1,7 @@
 """Every scheduling choice of the pin controller, its default and its help, in one place.
 
 :class:`SchedulingRules` is what both hosts of :class:`enginehook.core.lifecycle.PinController`
-run: the vLLM hook reads it from ``--additional-config`` (:class:`enginehook.core.config.HookConfig`
+run: the vLLM hook reads it from ``--additional-config`` (:class:`enginehook.config.HookConfig`
 embeds it) and the simulator's policies derive their parameters from it. Victim and
 ordering strategies are chosen by name from two registries (:data:`VICTIMS`,
 :data:`ORDERINGS`) so that every rule the simulator's ablation measures also runs in vLLM.

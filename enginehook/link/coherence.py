@@ -36,7 +36,7 @@ from controlplane.records import LIMITS
 from controlplane.wire import timestamp_seconds
 
 if TYPE_CHECKING:
-    from enginehook.core.config import HookConfig
+    from enginehook.config import HookConfig
 
 __all__ = ["BATCH", "CoherenceClient", "CoherenceLink", "Moved"]
 

@@ -42,9 +42,9 @@ from enginehook.link.spill import EventBuffer, claim_spill_dir, default_spill_di
 
 if TYPE_CHECKING:
     from controlplane.rpc.client import ClientTls, ControlPlaneClient
-    from enginehook.core.config import HookConfig
-    from enginehook.core.decide import TtlDecider
+    from enginehook.config import HookConfig
     from enginehook.link.base import SinkCounter
+    from enginehook.link.decide import TtlDecider
 
 __all__ = [
     "ControlPlaneLink",

@@ -21,8 +21,8 @@ from enginehook.core.tracker import event_record
 from enginehook.link.base import Event, EventSink, SinkCounter
 
 if TYPE_CHECKING:
-    from enginehook.core.config import HookConfig
-    from enginehook.core.decide import TtlDecider
+    from enginehook.config import HookConfig
+    from enginehook.link.decide import TtlDecider
 
 __all__ = ["EventSink", "JsonlSink", "NullSink", "SinkCounter", "build_sink", "event_record"]
 

@@ -6,7 +6,7 @@ program is not coming back for. A replica that publishes where its pin commands 
 (``replica_stats(..., pin_endpoint=URL)``, the engine hook's endpoint) is told: ``POST
 {URL}/cachettl/pins/{session}:drop``, answered at once ``accepted`` (202), ``rejected``
 (400), busy (429) or ``unsupported`` (501), and settled by the holder's scheduler
-(:mod:`enginehook.core.commands`). A replica that publishes none keeps the pin until it
+(:mod:`enginehook.vllm.pin_commands`). A replica that publishes none keeps the pin until it
 expires, or until pin coherence through the control plane drops it.
 
 A drop that finds its holder busy (429) or unreachable is forgotten once counted, so the

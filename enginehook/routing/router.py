@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from enginehook.core.config import read_token
+from enginehook.core.tokens import read_token
 from enginehook.routing.drops import PinDrops
 from enginehook.routing.rule import (
     MAX_REPLICAS,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginehook.core.config import read_token
+from enginehook.core.tokens import read_token
 from enginehook.tools.agentrun import free_port, start_vllm, stop_process, vllm_ready, wait_for
 
 __all__ = [

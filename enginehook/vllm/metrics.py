@@ -43,7 +43,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from controlplane.kvhints import loads_bounded
 from controlplane.records import NotPinnedCause, TurnCache
-from enginehook.core.commands import BUSY, PinCommands
+from enginehook.vllm.pin_commands import BUSY, PinCommands
 
 __all__ = [
     "EXPIRED_BY_BUCKETS_S",
@@ -444,7 +444,7 @@ def serve_metrics(
 ) -> tuple[EndpointServer, int]:
     """Serve ``GET /metrics`` (Prometheus text) on ``listen`` ("host:port", port 0: any)
     from a daemon thread; returns the server and its port. With ``commands``, a router's
-    pin commands too (:mod:`enginehook.core.commands`): ``POST /cachettl/pins/{session}:drop``,
+    pin commands too (:mod:`enginehook.vllm.pin_commands`): ``POST /cachettl/pins/{session}:drop``,
     ``POST /cachettl/pins/{session}:extend`` with ``{"ttl_seconds": N}``, answered with the
     command as JSON (202 ``accepted``, 400 or 429 ``rejected``, 501 ``unsupported``), and
     ``GET /cachettl/pins/commands/{id}`` for its outcome (``GET /cachettl/pins/commands``:

@@ -13,11 +13,11 @@ from typing import Any
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
 
-from enginehook.core.config import CpuTierSetting
-from enginehook.core.detect import detect_tool_call
+from enginehook.config import CpuTierSetting
 from enginehook.core.lifecycle import FinishedTurn
 from enginehook.core.priority import SortedWaitQueue
 from enginehook.hints.flat import Hints, request_hints
+from enginehook.vllm.detect import detect_tool_call
 
 __all__ = [
     "ADDED_ATTR",

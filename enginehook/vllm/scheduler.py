@@ -40,8 +40,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from enginehook.core.commands import PinCommands
-from enginehook.core.config import HookConfig
+from enginehook.config import HookConfig
 from enginehook.core.lifecycle import PinController
 from enginehook.core.pins import Pin, ReleaseReason
 from enginehook.core.tracker import CacheSeen
@@ -52,6 +51,7 @@ from enginehook.link.coherence import CoherenceLink
 from enginehook.vllm.blocks import take_pinned_blocks
 from enginehook.vllm.compat import check_engine, passthrough_reason
 from enginehook.vllm.idle import IdleExpiry, engine_input_queue
+from enginehook.vllm.pin_commands import PinCommands
 from enginehook.vllm.requests import (
     ADDED_ATTR,
     ADMITTED_ATTR,

@@ -1,7 +1,7 @@
 """What the vLLM hook runs beside its pin controller: the TTL decider on the latest model
 snapshot, the event sink to the control plane, the metrics and their endpoint, and the CPU
 tier detected from the engine's config; the endpoint also takes routers' pin commands
-(:mod:`enginehook.core.commands`). Engine-independent (nothing here imports vLLM).
+(:mod:`enginehook.vllm.pin_commands`). Engine-independent (nothing here imports vLLM).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-from enginehook.core.commands import PinCommands
-from enginehook.core.config import HookConfig, detect_cpu_tier
-from enginehook.core.decide import TtlDecider
+from enginehook.config import HookConfig, detect_cpu_tier
 from enginehook.core.lifecycle import FinishedTurn
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.link.decide import TtlDecider
 from enginehook.link.sinks import EventSink, build_sink
 from enginehook.vllm.metrics import EndpointAccess, HookMetrics, serve_metrics
+from enginehook.vllm.pin_commands import PinCommands
 from estimator import Decision, RequestFacts
 
 __all__ = ["HookServices", "cold_start_warning", "linked_line"]

@@ -84,7 +84,7 @@ def hook_policy(config: Any) -> HookPolicy:
     >>> hook.rules.ttl_cap_s, hook.rules.victim, hook.params["min_samples"]
     (30.0, 'lowest-loss', 20)
     """
-    from enginehook.core.config import HookConfig
+    from enginehook.config import HookConfig
     from enginehook.tools.bench import hook_settings
     from estimator import get_policy
 

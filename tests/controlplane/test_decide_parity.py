@@ -1,6 +1,6 @@
 """A router that asks the control plane gets the TTL the engine would choose.
 
-The engine hook's local path (``enginehook.core.decide.TtlDecider``) and ``DecideTtl`` over a
+The engine hook's local path (``enginehook.link.decide.TtlDecider``) and ``DecideTtl`` over a
 real gRPC server on a port learn the same events (made by the hook's own tracker, every pin
 outcome among them, sent through the hook's one conversion) and are asked the same facts,
 load signals included: they must give the same TTL, basis and return probability.
@@ -18,9 +18,9 @@ from controlplane.records import PinOutcome
 from controlplane.rpc.client import ControlPlaneClient, TtlDecision
 from controlplane.service import ControlPlane
 from controlplane.storage import Store
-from enginehook.core.decide import TtlDecider
 from enginehook.core.pins import ReleaseReason
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent, ToolCallTracker
+from enginehook.link.decide import TtlDecider
 from enginehook.link.remote import to_program_end, to_tool_call
 from estimator import Decision
 from tests.support import running

@@ -82,7 +82,7 @@ def test_reference_pages_are_generated_not_copied() -> None:
 
 
 def test_configuration_reference_lists_every_hook_key_with_its_default() -> None:
-    from enginehook.core.config import HookConfig
+    from enginehook.config import HookConfig
     from enginehook.core.rules import SchedulingRules
 
     rows = _rows(_reference().configuration_markdown(), "## Engine hook")

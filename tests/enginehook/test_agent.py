@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from enginehook.core.detect import SUBMIT_MARKER
 from enginehook.tools.agentrun import (
     TASKS,
     AgentRun,
@@ -35,6 +34,7 @@ from enginehook.tools.agentrun import (
     vllm_ready,
     wait_for,
 )
+from enginehook.vllm.detect import SUBMIT_MARKER
 from tests.enginehook.processes import settled_events
 
 pytestmark = pytest.mark.slow

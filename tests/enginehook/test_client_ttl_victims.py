@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from enginehook.core.config import HookConfig
+from enginehook.config import HookConfig
 from enginehook.core.lifecycle import FinishedTurn, PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.vllm.services import HookServices

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from enginehook.core.config import HookConfig
+from enginehook.config import HookConfig
 from enginehook.tools.bench import hook_settings
 from enginehook.tools.clusterbench import CLUSTER_SETTINGS, RealClusterConfig, markdown
 

@@ -17,8 +17,8 @@ from controlplane.records import PinOutcome, ProgramEnd, ToolCall
 from controlplane.rpc.server import ServerOptions
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
-from enginehook.core.decide import TtlDecider
 from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.link.decide import TtlDecider
 from enginehook.link.remote import (
     ControlPlaneLink,
     EventBuffer,

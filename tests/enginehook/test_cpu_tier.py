@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 import pytest
 
-from enginehook.core.config import CpuTierSetting, HookConfig, detect_cpu_tier
-from enginehook.core.decide import TtlDecider
+from enginehook.config import CpuTierSetting, HookConfig, detect_cpu_tier
 from enginehook.core.pressure import PressureRule
+from enginehook.link.decide import TtlDecider
 from enginehook.vllm.metrics import HookMetrics
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from enginehook.core.decide import TtlDecider
 from enginehook.core.tracker import ToolCallTracker
+from enginehook.link.decide import TtlDecider
 from estimator import Level
 
 

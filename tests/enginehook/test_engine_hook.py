@@ -216,9 +216,9 @@ def test_a_cpu_tier_prices_the_miss_as_a_reload_in_the_engine(driver, clock):
     """The same turn after the same tool is pinned when a miss means a full prefill and
     not pinned when a CPU tier would reload it (no KV connector runs on the CPU build, so
     the setting is switched to ``on`` on the running scheduler)."""
-    from enginehook.core.config import detect_cpu_tier
-    from enginehook.core.decide import TtlDecider
+    from enginehook.config import detect_cpu_tier
     from enginehook.core.pressure import PressureRule
+    from enginehook.link.decide import TtlDecider
 
     sched, services, controller = (
         driver.scheduler,

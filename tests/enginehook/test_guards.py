@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from enginehook.core.config import HookConfig
+from enginehook.config import HookConfig
 
 vllm = pytest.importorskip("vllm")
 

@@ -17,9 +17,9 @@ import pytest
 from controlplane.rpc.client import ClientTls
 from controlplane.rpc.server import ServerOptions, TlsFiles
 from controlplane.service import ControlPlane
-from enginehook.core.config import HookConfig
-from enginehook.core.decide import TtlDecider
+from enginehook.config import HookConfig
 from enginehook.core.tracker import ProgramEndEvent
+from enginehook.link.decide import TtlDecider
 from enginehook.link.remote import ControlPlaneLink, GrpcTransport, is_loopback
 from enginehook.link.spill import EventBuffer, claim_spill_dir
 from tests.controlplane.test_cli_tls_metrics import _pki

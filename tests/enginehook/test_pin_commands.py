@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from enginehook.core.commands import HISTORY, MAX_PENDING, PinCommands
 from enginehook.core.lifecycle import FinishedTurn, PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import ToolCallEvent
 from enginehook.vllm.metrics import HookMetrics, serve_metrics
+from enginehook.vllm.pin_commands import HISTORY, MAX_PENDING, PinCommands
 from estimator import Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 
-from enginehook.core.commands import PinCommands
 from enginehook.core.lifecycle import FinishedTurn, PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.routing import replica_stats, view_of
@@ -34,6 +33,7 @@ from enginehook.routing.drops import PINS_PATH, PinDrops, check_endpoint
 from enginehook.routing.router import TtlRouter
 from enginehook.routing.rule import Last
 from enginehook.vllm import metrics
+from enginehook.vllm.pin_commands import PinCommands
 from estimator import Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
 

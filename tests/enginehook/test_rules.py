@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from enginehook.core.config import HookConfig
+from enginehook.config import HookConfig
 from enginehook.core.lifecycle import FinishedTurn, PinController
 from enginehook.core.pins import Pin
 from enginehook.core.pressure import PressureRule

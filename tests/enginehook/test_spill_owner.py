@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.service import ControlPlane
-from enginehook.core.config import HookConfig
-from enginehook.core.decide import TtlDecider
+from enginehook.config import HookConfig
+from enginehook.link.decide import TtlDecider
 from enginehook.link.remote import ControlPlaneLink, GrpcTransport
 from enginehook.link.spill import (
     OWNER_FILE,

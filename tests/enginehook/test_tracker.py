@@ -7,7 +7,6 @@ import json
 import pytest
 
 from controlplane.records import PinOutcome
-from enginehook.core.detect import DetectedCall, detect_tool_call
 from enginehook.core.pins import ReleaseReason
 from enginehook.core.pressure import PressureRule, may_release
 from enginehook.core.tracker import (
@@ -19,6 +18,7 @@ from enginehook.core.tracker import (
     outcome_of_release,
 )
 from enginehook.hints.flat import Hints
+from enginehook.vllm.detect import DetectedCall, detect_tool_call
 
 
 def test_duration_is_next_arrival_minus_finish_and_hit_is_not_a_queue_sample():

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from enginehook.core.config import HookConfig
+from enginehook.config import HookConfig
 from enginehook.tools.bench import BenchConfig, make_trace
 from estimator import get_policy
 from simulator.policies import Cachettl

@@ -211,7 +211,7 @@ def test_tier_settings_replace_pressure_and_order_window_only_with_a_tier() -> N
 
 
 def test_the_engine_hook_and_the_estimator_ship_the_defaults_the_ablation_chose() -> None:
-    from enginehook.core.config import HookConfig
+    from enginehook.config import HookConfig
     from estimator import CachettlPolicy
     from simulator.policies import DEFAULTS
 

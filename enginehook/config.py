@@ -25,10 +25,10 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from enginehook.core.rules import SchedulingRules
+from enginehook.core.tokens import read_token
 from estimator import DEFAULT_PROFILE
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "CpuTierSetting",
     "HookConfig",
     "detect_cpu_tier",
-    "read_token",
 ]
 
 logger = logging.getLogger("enginehook")
@@ -243,18 +242,6 @@ class HookConfig:
         else:
             values["pin_command_token"] = os.environ.get(PIN_COMMAND_TOKEN_ENV, "").strip()
         return cls(**values)
-
-
-def read_token(path: str, where: str = f"{_PREFIX}.token_file") -> str:
-    """The bearer token in ``path`` (whitespace stripped); a clear error naming ``where``
-    (the setting that named the file)."""
-    try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{where}: cannot read {path!r}: {exc}") from None
-    if not token or any(ord(c) < 0x21 or ord(c) > 0x7E for c in token):
-        raise ValueError(f"{where}: {path!r} holds no token on one printable line")
-    return token
 
 
 @dataclass(frozen=True)
