@@ -76,7 +76,7 @@ class MissesView:
 
 @dataclass(frozen=True)
 class ToolView:
-    tool_name: str
+    tool: str
     sample_count: int
     seen_count: int
     quantiles_s: tuple[float, float, float]  # p50, p90, p99
@@ -87,7 +87,7 @@ class ToolView:
 
 @dataclass(frozen=True)
 class DistributionView:
-    tool_name: str
+    tool: str
     signature: str
     basis: str
     sample_count: int
@@ -111,7 +111,7 @@ class WorkloadView:
 
 @dataclass(frozen=True)
 class ModelView:
-    tool_name: str
+    tool: str
     signature: str
     level: str
     sorted_durations_s: list[float]

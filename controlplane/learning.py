@@ -89,7 +89,7 @@ def check_names(durations: DurationHierarchy, tenant: str, calls: Sequence[ToolC
     new_tools: set[str] = set()
     new_signatures: set[tuple[str, str]] = set()
     for i, call in enumerate(calls):
-        tool = call.tool_name
+        tool = call.tool
         if tool not in new_tools and not durations.knows(tool, "", tenant):
             new_tools.add(tool)
             if max_tools is not None and tools + len(new_tools) > max_tools:
@@ -132,7 +132,7 @@ class LearningCounters:
         with self._lock:
             self.unlearned[reason] += 1
         if isinstance(row, StoredToolCall):
-            what = f"tool call {row.seq} (tool {row.call.tool_name!r})"
+            what = f"tool call {row.seq} (tool {row.call.tool!r})"
         else:
             what = f"program end {row.seq}"
         log.warning(

@@ -51,7 +51,7 @@ class PinOutcome(IntEnum):
     """What became of the KV cache of an LLM turn that called a tool.
 
     The one vocabulary of a pin's outcome: the engine hook's tracker
-    (``enginehook.core.tracker.ToolCallEvent.pin_outcome``), the simulator, the store and the wire
+    (``enginehook.core.tracker.ToolCallReport.pin_outcome``), the simulator, the store and the wire
     (the numbers are those of the proto enum ``cachettl.v1.PinOutcome``).
 
     >>> PinOutcome.parse("hit"), PinOutcome.parse(2)
@@ -246,7 +246,7 @@ class ToolCall:
 
     event_id: str
     program_id: str
-    tool_name: str
+    tool: str
     tool_args: str
     duration_s: float
     finished_at: float | None = None

@@ -124,16 +124,16 @@ class ModelState:
                 continue
             call, tenant = row.call, row.tenant
             args = call.tool_args or None
-            self.models.record_tool_call(call.tool_name, args, call.duration_s, tenant)
+            self.models.record_tool_call(call.tool, args, call.duration_s, tenant)
             if row.shared:
-                self.shared.record(durations, call.tool_name, tenant, call.duration_s)
-            signatures = self.index.setdefault(tenant, {}).setdefault(call.tool_name, set())
+                self.shared.record(durations, call.tool, tenant, call.duration_s)
+            signatures = self.index.setdefault(tenant, {}).setdefault(call.tool, set())
             if args is not None:  # the hierarchy just computed it: a cache hit
-                signature = durations.signatures.signature(call.tool_name, args)
+                signature = durations.signatures.signature(call.tool, args)
                 if signature:
                     signatures.add(signature)
             if call.pin_outcome is not PinOutcome.UNSPECIFIED:
-                key = (tenant, call.tool_name)
+                key = (tenant, call.tool)
                 self.pins.setdefault(key, PinCounts()).add(call.pin_outcome)
             if call.admission_delay_s is not None and call.pin_outcome in _RELEASED:
                 self.models.record_queue_delay(call.admission_delay_s, tenant)

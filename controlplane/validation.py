@@ -97,7 +97,7 @@ def _tool_call(i: int, event: events_pb2.ToolCallEvent, limits: Limits) -> ToolC
     return ToolCall(
         event_id=check_name(f"{at}.event_id", event.event_id, "event_id"),
         program_id=check_name(f"{at}.program_id", event.program_id, "program_id"),
-        tool_name=check_name(f"{at}.tool_name", event.tool_name, "tool_name"),
+        tool=check_name(f"{at}.tool_name", event.tool_name, "tool_name"),
         tool_args=check_name(f"{at}.tool_args", event.tool_args, "tool_args", required=False),
         duration_s=duration_s(f"{at}.duration", event.duration, limits),
         finished_at=(

@@ -15,7 +15,7 @@ from enginehook.core.pins import Pin, PinResult, PinTable, ReleaseReason
 from enginehook.core.pressure import PressureRule, choose_victims, may_release
 from enginehook.core.priority import ProgramArrivals, SortedWaitQueue
 from enginehook.core.rules import ORDERINGS, VICTIMS, SchedulingRules
-from enginehook.core.tracker import PinOutcome, ProgramEndEvent, ToolCallEvent, ToolCallTracker
+from enginehook.core.tracker import PinOutcome, ProgramEndReport, ToolCallReport, ToolCallTracker
 from enginehook.hints.flat import Hints
 
 __all__ = [
@@ -31,11 +31,11 @@ __all__ = [
     "PinTable",
     "PressureRule",
     "ProgramArrivals",
-    "ProgramEndEvent",
+    "ProgramEndReport",
     "ReleaseReason",
     "SchedulingRules",
     "SortedWaitQueue",
-    "ToolCallEvent",
+    "ToolCallReport",
     "ToolCallTracker",
     "choose_victims",
     "may_release",

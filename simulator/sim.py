@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from enginehook.core.lifecycle import FinishedTurn, PinController
 from enginehook.core.pins import Pin, ReleaseReason
-from enginehook.core.tracker import CacheSeen, ProgramEndEvent, ToolCallEvent
+from enginehook.core.tracker import CacheSeen, ProgramEndReport, ToolCallReport
 from estimator import DEFAULT_PROFILE, HardwareProfile, get_profile
 from simulator.engine import Engine, EngineConfig, Request
 from simulator.loop import ARRIVAL, STEP_END, STEP_START, Event, EventLoop
@@ -187,7 +187,7 @@ class Simulation:
         if reason is not ReleaseReason.HIT and pin.handle is not None:
             self.engine.pool.release(pin.program_id, pin.blocks, pin.handle)
 
-    def emit(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+    def emit(self, event: ToolCallReport | ProgramEndReport) -> None:
         self.policy.learn(event)
 
     # -- the engine's host interface -----------------------------------------------------

@@ -46,7 +46,7 @@ def turn_record(call: ToolCall) -> dict[str, Any]:
     return {
         "event_id": call.event_id,
         "program_id": call.program_id,
-        "tool_name": call.tool_name,
+        "tool": call.tool,
         "turn_index": call.turn_index,
         "finished_at": call.finished_at,
         "duration_s": call.duration_s,
@@ -105,7 +105,7 @@ def _print(view: MissesView) -> None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at)) if at is not None else "-"
         print(
             f"{when:<19} {printable(call.program_id):<20} {call.turn_index + 1:>5}"
-            f" {printable(call.tool_name):<16} {call.cache.reason.label:<24} {_detail(call)}"
+            f" {printable(call.tool):<16} {call.cache.reason.label:<24} {_detail(call)}"
         )
     print_miss_stats(view.summary)
 

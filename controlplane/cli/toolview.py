@@ -60,7 +60,7 @@ def _list(tools: list[ToolView], as_json: bool) -> int:
         p50, p90, p99 = t.quantiles_s
         pins = t.pins.hits + t.pins.expired + t.pins.released_under_pressure
         print(
-            f"{printable(t.tool_name):<24} {t.sample_count:>8} {t.seen_count:>8}"
+            f"{printable(t.tool):<24} {t.sample_count:>8} {t.seen_count:>8}"
             f" {p50:>9.3f} {p90:>9.3f} {p99:>9.3f} {t.drift_epoch:>6} {pins:>6}"
             f" {100 * t.pins.hit_rate:>6.1f}"
         )
@@ -102,7 +102,7 @@ def _show(plane: ControlPlane, tenant: Tenant, args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     sig = f" [{printable(view.signature)}]" if view.signature else ""
-    name, tenant_name = printable(view.tool_name), printable(tenant.name)
+    name, tenant_name = printable(view.tool), printable(tenant.name)
     print(f"tool {name}{sig} (tenant {tenant_name}, model level: {view.basis})")
     print(f"  samples {view.sample_count} in window, {view.seen_count} seen")
     print(f"  drift epochs {view.drift_epoch}")
@@ -136,7 +136,7 @@ def _plot(view: DistributionView, decisions: list[dict[str, Any]], path: Path) -
     ax.set_xlim(left=0.0)
     ax.set_xlabel("tool duration (s)")
     ax.set_ylabel("empirical CDF")
-    ax.set_title(f"{view.tool_name} {view.signature}".strip())
+    ax.set_title(f"{view.tool} {view.signature}".strip())
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

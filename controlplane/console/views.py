@@ -99,9 +99,9 @@ def tools(
     views = src.plane.list_tools(tenant)
     if q:
         needle = q.casefold()
-        views = [v for v in views if needle in v.tool_name.casefold()]
+        views = [v for v in views if needle in v.tool.casefold()]
     if sort == "calls":
-        views.sort(key=lambda v: (-v.seen_count, v.tool_name))
+        views.sort(key=lambda v: (-v.seen_count, v.tool))
     rows, paging = paged(views, page)
     return {
         "tenant": tenant,
@@ -110,7 +110,7 @@ def tools(
         **paging,
         "tools": [
             {
-                "name": v.tool_name,
+                "name": v.tool,
                 "samples": v.sample_count,
                 "seen": v.seen_count,
                 "p50": number(v.quantiles_s[0]),

@@ -108,7 +108,7 @@ def to_event(call: ToolCall) -> events_pb2.ToolCallEvent:
     event = events_pb2.ToolCallEvent(
         event_id=call.event_id,
         program_id=call.program_id,
-        tool_name=call.tool_name,
+        tool_name=call.tool,
         tool_args=call.tool_args,
         duration=duration(call.duration_s, "duration_s"),
         turn_index=call.turn_index,

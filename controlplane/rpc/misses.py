@@ -29,7 +29,7 @@ def _turn_proto(call: ToolCall) -> inspect_pb2.MissedTurn:
     turn = inspect_pb2.MissedTurn(
         event_id=call.event_id,
         program_id=call.program_id,
-        tool_name=call.tool_name,
+        tool_name=call.tool,
         turn_index=call.turn_index,
         reason=int(cache.reason),  # type: ignore[arg-type]
         not_pinned_cause=int(cache.not_pinned_cause),  # type: ignore[arg-type]

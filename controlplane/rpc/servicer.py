@@ -330,7 +330,7 @@ class Servicer(CoherenceMethods):
             version = self.plane.tenant_version(tenant)
             tools = [
                 inspect_pb2.ToolSummary(
-                    tool_name=v.tool_name,
+                    tool_name=v.tool,
                     sample_count=v.sample_count,
                     seen_count=v.seen_count,
                     p50=duration(v.quantiles_s[0]),
@@ -488,7 +488,7 @@ def _distribution(
     v: inspection.DistributionView, version: int
 ) -> inspect_pb2.GetToolDistributionResponse:
     return inspect_pb2.GetToolDistributionResponse(
-        tool_name=v.tool_name,
+        tool_name=v.tool,
         signature=v.signature,
         basis=v.basis,
         sample_count=v.sample_count,

@@ -127,7 +127,7 @@ class MemoryStore(Store):
             r
             for r in reversed(rows)
             if r.tenant == tenant
-            and (tool is None or r.call.tool_name == tool)
+            and (tool is None or r.call.tool == tool)
             and (program is None or r.call.program_id == program)
         ]
 

@@ -241,7 +241,7 @@ def _call_row(tenant: Tenant, call: ToolCall, now: float) -> dict[str, Any]:
         "tenant_id": tenant.id,
         "event_id": call.event_id,
         "program_id": call.program_id,
-        "tool_name": call.tool_name,
+        "tool_name": call.tool,
         "tool_args": call.tool_args,
         "duration_s": call.duration_s,
         "finished_at": call.finished_at,

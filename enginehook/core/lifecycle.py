@@ -30,9 +30,9 @@ from enginehook.core.rules import ORDERINGS, VICTIMS, SchedulingRules
 from enginehook.core.tracker import (
     CacheSeen,
     NotPinnedCause,
-    ProgramEndEvent,
+    ProgramEndReport,
     ReturningTurn,
-    ToolCallEvent,
+    ToolCallReport,
     ToolCallTracker,
 )
 from enginehook.core.ttl import clip_ttl, finite_cap
@@ -123,7 +123,7 @@ class EngineHost(Protocol[H]):
         """A pin ended: give its handle back (for ``HIT`` the admitted request took it)."""
         ...
 
-    def emit(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+    def emit(self, event: ToolCallReport | ProgramEndReport) -> None:
         """A completed tool call or program end, to learn from and report."""
         ...
 
@@ -524,7 +524,7 @@ class PinController(Generic[H]):
     def forget_idle(self, now: float, idle_s: float) -> list[str]:
         """Forget programs whose tool call finished over ``idle_s`` ago without a return,
         and report each one's end (the turns it was served). Returns their ids."""
-        ended: list[ProgramEndEvent] = []
+        ended: list[ProgramEndReport] = []
         quiet: list[str] = []
         for tracker in self._trackers.values():
             ended += tracker.forget_idle(now, idle_s, quiet)

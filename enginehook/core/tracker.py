@@ -23,8 +23,8 @@ For each program the tracker follows one cycle per tool call::
   reusable prefix the host knows). :func:`classify` applies the reasons' order.
 
 ``returned`` gives a :class:`ReturningTurn` for every returning turn (also after a turn
-with no tool call, which has no event); ``admitted`` its :class:`ToolCallEvent` with all
-of the above; ``program_end`` a :class:`ProgramEndEvent`. Event ids are
+with no tool call, which has no event); ``admitted`` its :class:`ToolCallReport` with all
+of the above; ``program_end`` a :class:`ProgramEndReport`. Event ids are
 ``<engine id>:<program>:<life>:<turn>`` (or ``:end``), unique per engine instance, so a
 receiver can drop duplicates; ``<life>`` numbers the programs started on this tracker, so a
 program id used again (after its end, or after it was forgotten as abandoned) gets fresh
@@ -77,9 +77,9 @@ __all__ = [
     "MissReason",
     "NotPinnedCause",
     "PinOutcome",
-    "ProgramEndEvent",
+    "ProgramEndReport",
     "ReturningTurn",
-    "ToolCallEvent",
+    "ToolCallReport",
     "ToolCallTracker",
     "TurnCache",
     "classify",
@@ -111,14 +111,14 @@ def outcome_of_release(reason: ReleaseReason) -> PinOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCallEvent:
+class ToolCallReport:
     """One finished tool call, as reported to the control plane's ``RecordToolCalls``; its
     fields are named as the control plane's ``ToolCall`` names them."""
 
     event_id: str
     program_id: str
     tenant: str
-    tool_name: str
+    tool: str
     tool_args: str | None
     duration_s: float
     finished_at: float
@@ -137,7 +137,7 @@ class ToolCallEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class ProgramEndEvent:
+class ProgramEndReport:
     """A program ended after ``total_turns`` LLM calls (``RecordProgramEnd``)."""
 
     event_id: str
@@ -170,7 +170,7 @@ class ReturningTurn:
 
     program_id: str
     cache: TurnCache
-    event: ToolCallEvent | None = None
+    event: ToolCallReport | None = None
 
 
 @dataclass(slots=True)
@@ -361,7 +361,7 @@ class ToolCallTracker:
 
     def admitted(
         self, program_id: str, now: float, *, pin_held: bool, seen: CacheSeen | None = None
-    ) -> ToolCallEvent | None:
+    ) -> ToolCallReport | None:
         """The program's next request was admitted; ``pin_held``: its pin was still live;
         ``seen``: what the host saw of its cache (see :meth:`returned`).
 
@@ -403,11 +403,11 @@ class ToolCallTracker:
             cache = replace(cache, not_pinned_cause=NotPinnedCause.UNSPECIFIED)
         if pending.tool is None:
             return ReturningTurn(program_id, cache)
-        event = ToolCallEvent(
+        event = ToolCallReport(
             event_id=self._event_id(program_id, pending.turn_index),
             program_id=program_id,
             tenant=self.tenant,
-            tool_name=pending.tool,
+            tool=pending.tool,
             tool_args=pending.tool_args,
             duration_s=pending.arrived_at - pending.finished_at,
             finished_at=pending.finished_at,
@@ -420,7 +420,7 @@ class ToolCallTracker:
         )
         return ReturningTurn(program_id, cache, event)
 
-    def moved(self, program_id: str, arrived_at: float) -> ToolCallEvent | None:
+    def moved(self, program_id: str, arrived_at: float) -> ToolCallReport | None:
         """The program's next turn arrived at another engine at ``arrived_at``: the tool
         call it left here ended then (its event is returned, with that duration and no
         admission delay seen here), and everything this engine knew of the program is
@@ -432,11 +432,11 @@ class ToolCallTracker:
         self._lives.pop(program_id, None)
         if pending is None or pending.tool is None or pending.arrived_at is not None:
             return None
-        return ToolCallEvent(
+        return ToolCallReport(
             event_id=self._event_id(program_id, pending.turn_index),
             program_id=program_id,
             tenant=self.tenant,
-            tool_name=pending.tool,
+            tool=pending.tool,
             tool_args=pending.tool_args,
             duration_s=max(0.0, arrived_at - pending.finished_at),
             finished_at=pending.finished_at,
@@ -448,7 +448,7 @@ class ToolCallTracker:
             basis=pending.basis,
         )
 
-    def program_end(self, program_id: str, now: float) -> ProgramEndEvent | None:
+    def program_end(self, program_id: str, now: float) -> ProgramEndReport | None:
         """The program ended; ``None`` if it never finished a turn here."""
         self._pending.pop(program_id, None)
         self._drop_prefix(program_id)
@@ -456,7 +456,7 @@ class ToolCallTracker:
             return None
         event_id = self._event_id(program_id, "end")
         turns = self._end(program_id)
-        return ProgramEndEvent(event_id, program_id, self.tenant, turns, now)
+        return ProgramEndReport(event_id, program_id, self.tenant, turns, now)
 
     def _event_id(self, program_id: str, turn: int | str) -> str:
         return f"{self.engine_id}:{program_id}:{self._lives.get(program_id, 0)}:{turn}"
@@ -468,7 +468,7 @@ class ToolCallTracker:
 
     def forget_idle(
         self, now: float, idle_s: float, quiet: list[str] | None = None
-    ) -> list[ProgramEndEvent]:
+    ) -> list[ProgramEndReport]:
         """Drop programs whose last tool call finished over ``idle_s`` ago without a return
         (abandoned programs: an agent stopped by its step limit, a client gone), so memory
         stays bounded. Returns each one's end, ``total_turns`` the turns it was served and
@@ -489,7 +489,7 @@ class ToolCallTracker:
                 event_id = self._event_id(pid, "end")
                 turns = self._end(pid)
                 ended.append(
-                    ProgramEndEvent(event_id, pid, self.tenant, turns, pending.finished_at)
+                    ProgramEndReport(event_id, pid, self.tenant, turns, pending.finished_at)
                 )
             else:
                 self._end(pid)
@@ -508,25 +508,25 @@ class ToolCallTracker:
         return len(self._turns)
 
 
-def event_record(event: ToolCallEvent | ProgramEndEvent) -> dict[str, Any]:
+def event_record(event: ToolCallReport | ProgramEndReport) -> dict[str, Any]:
     """The event as a JSON-ready dict with its ``kind`` (outcome and reasons by label)."""
-    kind = "tool_call" if isinstance(event, ToolCallEvent) else "program_end"
+    kind = "tool_call" if isinstance(event, ToolCallReport) else "program_end"
     record: dict[str, Any] = {"kind": kind, **asdict(event)}
-    if isinstance(event, ToolCallEvent):
+    if isinstance(event, ToolCallReport):
         record["pin_outcome"] = event.pin_outcome.label
         record["cache"]["reason"] = event.cache.reason.label
         record["cache"]["not_pinned_cause"] = event.cache.not_pinned_cause.label
     return record
 
 
-def event_from_record(record: Mapping[str, Any]) -> ToolCallEvent | ProgramEndEvent:
+def event_from_record(record: Mapping[str, Any]) -> ToolCallReport | ProgramEndReport:
     """The inverse of :func:`event_record`. Also reads records of earlier releases (spill
     files and event logs written before): without ``cache``, and with the keys the hook once
-    named otherwise (``ttl_s``, ``outcome``, ``ended_at``)."""
+    named otherwise (``tool_name``, ``ttl_s``, ``outcome``, ``ended_at``)."""
     data = {_RENAMED.get(key, key): value for key, value in record.items()}
     kind = data.pop("kind")
     if kind == "program_end":
-        return ProgramEndEvent(**data)
+        return ProgramEndReport(**data)
     if kind != "tool_call":
         raise ValueError(f"kind must be 'tool_call' or 'program_end', got {kind!r}")
     data["pin_outcome"] = PinOutcome.parse(data["pin_outcome"])
@@ -535,8 +535,13 @@ def event_from_record(record: Mapping[str, Any]) -> ToolCallEvent | ProgramEndEv
         cache["reason"] = MissReason.parse(cache.get("reason", 0))
         cache["not_pinned_cause"] = NotPinnedCause.parse(cache.get("not_pinned_cause", 0))
         data["cache"] = TurnCache(**cache)
-    return ToolCallEvent(**data)
+    return ToolCallReport(**data)
 
 
 #: Keys of records written by earlier releases -> today's field names.
-_RENAMED = {"ttl_s": "chosen_ttl_s", "outcome": "pin_outcome", "ended_at": "finished_at"}
+_RENAMED = {
+    "tool_name": "tool",
+    "ttl_s": "chosen_ttl_s",
+    "outcome": "pin_outcome",
+    "ended_at": "finished_at",
+}

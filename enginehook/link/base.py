@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 
 __all__ = ["Event", "EventSink", "SinkCounter"]
 
-Event = ToolCallEvent | ProgramEndEvent
+Event = ToolCallReport | ProgramEndReport
 
 #: One figure of a sink for the metrics endpoint: Prometheus name, type, value.
 SinkCounter = tuple[str, str, int]

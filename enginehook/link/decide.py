@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from estimator import DEFAULT_PROFILE, Decision, Models, RequestFacts, get_policy
 
 __all__ = ["TtlDecider", "client_decision"]
@@ -48,7 +48,7 @@ class TtlDecider:
         self._models = self.policy.new_models(profile, min_samples=min_samples)
         self._lock = threading.Lock()
         self.snapshot_version = ""
-        self._pending: queue.SimpleQueue[ToolCallEvent | ProgramEndEvent | None] = (
+        self._pending: queue.SimpleQueue[ToolCallReport | ProgramEndReport | None] = (
             queue.SimpleQueue()
         )
         self._learner: threading.Thread | None = None
@@ -110,20 +110,18 @@ class TtlDecider:
         with self._lock:
             return self.policy.decide(facts, self._models)
 
-    def learn(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+    def learn(self, event: ToolCallReport | ProgramEndReport) -> None:
         """Update the local snapshot with one of the engine's own events."""
         with self._lock:
             models = self._models
-            if isinstance(event, ProgramEndEvent):
+            if isinstance(event, ProgramEndReport):
                 models.record_program_end(event.total_turns, tenant=event.tenant)
                 return
-            models.record_tool_call(
-                event.tool_name, event.tool_args, event.duration_s, event.tenant
-            )
+            models.record_tool_call(event.tool, event.tool_args, event.duration_s, event.tenant)
             if event.queue_delay_sample:
                 models.record_queue_delay(event.admission_delay_s, tenant=event.tenant)
 
-    def learn_later(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+    def learn_later(self, event: ToolCallReport | ProgramEndReport) -> None:
         """Queue ``event`` for :meth:`learn` on a background thread (returns at once)."""
         if self._learner is None:
             self._learner = threading.Thread(

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
 
 from controlplane.records import ProgramEnd, ToolCall
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from enginehook.link.snapshot import SnapshotData, SnapshotFollower, follow, models_from_snapshot
 from enginehook.link.spill import EventBuffer, claim_spill_dir, default_spill_dir
 
@@ -60,7 +60,7 @@ __all__ = [
 
 logger = logging.getLogger("enginehook.link.remote")
 
-Event = ToolCallEvent | ProgramEndEvent
+Event = ToolCallReport | ProgramEndReport
 
 #: Event ids remembered as settled while the watchdog had moved them to disk (past that
 #: they are sent again; the control plane drops repeats by event id).
@@ -75,16 +75,16 @@ class PermanentError(Exception):
 class Transport(Protocol):
     """How batches reach the control plane; every call may raise on failure."""
 
-    def send_tool_calls(self, events: Sequence[ToolCallEvent]) -> None: ...
+    def send_tool_calls(self, events: Sequence[ToolCallReport]) -> None: ...
 
-    def send_program_end(self, event: ProgramEndEvent) -> None: ...
+    def send_program_end(self, event: ProgramEndReport) -> None: ...
 
     def watch(self, after_version: int) -> Iterator[SnapshotData]: ...
 
     def close(self) -> None: ...
 
 
-def to_tool_call(event: ToolCallEvent) -> ToolCall:
+def to_tool_call(event: ToolCallReport) -> ToolCall:
     """The control plane's record of a hook's tool-call event (``RecordToolCalls``).
 
     Every field travels but ``tenant`` (the server takes it from the token) and ``basis``;
@@ -95,7 +95,7 @@ def to_tool_call(event: ToolCallEvent) -> ToolCall:
     return ToolCall(
         event_id=event.event_id,
         program_id=event.program_id,
-        tool_name=event.tool_name,
+        tool=event.tool,
         tool_args=event.tool_args or "",
         duration_s=event.duration_s,
         finished_at=event.finished_at,
@@ -107,7 +107,7 @@ def to_tool_call(event: ToolCallEvent) -> ToolCall:
     )
 
 
-def to_program_end(event: ProgramEndEvent) -> ProgramEnd:
+def to_program_end(event: ProgramEndReport) -> ProgramEnd:
     """The control plane's record of a hook's program end (``RecordProgramEnd``)."""
     return ProgramEnd(event.program_id, event.total_turns, event.finished_at)
 
@@ -283,9 +283,9 @@ class ControlPlaneLink:
         if settled:
             self.buffer.drop(settled, epoch)
             return True
-        calls: list[ToolCallEvent] = []
+        calls: list[ToolCallReport] = []
         for event in batch:
-            if isinstance(event, ProgramEndEvent) or event.event_id in self._settled:
+            if isinstance(event, ProgramEndReport) or event.event_id in self._settled:
                 break
             calls.append(event)
         if calls:
@@ -293,7 +293,7 @@ class ControlPlaneLink:
             self._dropped(calls, epoch)
             return True
         end = batch[0]
-        assert isinstance(end, ProgramEndEvent)
+        assert isinstance(end, ProgramEndReport)
         try:
             self.transport.send_program_end(end)
             self.delivered += 1
@@ -312,7 +312,7 @@ class ControlPlaneLink:
         if len(self._settled) < _MAX_SETTLED:
             self._settled.update(e.event_id for e in events)
 
-    def _deliver_calls(self, calls: list[ToolCallEvent]) -> None:
+    def _deliver_calls(self, calls: list[ToolCallReport]) -> None:
         try:
             self.transport.send_tool_calls(calls)
             self.delivered += len(calls)
@@ -466,14 +466,14 @@ class GrpcTransport:
         if exc.code() == grpc.StatusCode.INVALID_ARGUMENT or final:
             raise PermanentError(str(exc.details())) from exc
 
-    def send_tool_calls(self, events: Sequence[ToolCallEvent]) -> None:
+    def send_tool_calls(self, events: Sequence[ToolCallReport]) -> None:
         try:
             self._client.record_tool_calls([to_tool_call(e) for e in events])
         except Exception as exc:
             self._check(exc)
             raise
 
-    def send_program_end(self, event: ProgramEndEvent) -> None:
+    def send_program_end(self, event: ProgramEndReport) -> None:
         end = to_program_end(event)
         try:
             self._client.record_program_end(end.program_id, end.total_turns, end.finished_at)

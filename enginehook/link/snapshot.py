@@ -51,7 +51,7 @@ __all__ = [
 class SnapshotModel:
     """One duration model of a snapshot (``level``: a :class:`estimator.Level` value)."""
 
-    tool_name: str
+    tool: str
     signature: str
     level: str
     sorted_durations_s: list[float]
@@ -62,7 +62,7 @@ class SnapshotModel:
 
     @property
     def key(self) -> tuple[str, str, str]:
-        return (self.level, self.tool_name, self.signature)
+        return (self.level, self.tool, self.signature)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,12 +171,12 @@ def models_from_snapshot(
                 drift_epoch=model.drift_epoch,
                 window=hierarchy.window,  # what it keeps once it learns locally
             )
-            hierarchy.install(level, sketch, model.tool_name, model.signature, tenant)
+            hierarchy.install(level, sketch, model.tool, model.signature, tenant)
             continue
         hierarchy.restore(
             level,
             model.sorted_durations_s,
-            tool=model.tool_name,
+            tool=model.tool,
             signature=model.signature,
             tenant=tenant,
             n_seen=model.sample_count,

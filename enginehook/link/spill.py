@@ -40,7 +40,12 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent, event_from_record, event_record
+from enginehook.core.tracker import (
+    ProgramEndReport,
+    ToolCallReport,
+    event_from_record,
+    event_record,
+)
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -55,7 +60,7 @@ __all__ = [
 
 logger = logging.getLogger("enginehook.link.spill")
 
-Event = ToolCallEvent | ProgramEndEvent
+Event = ToolCallReport | ProgramEndReport
 
 #: The spill's default bound on disk (``spill_max_bytes``).
 DEFAULT_SPILL_MAX_BYTES = 256 * 1024 * 1024

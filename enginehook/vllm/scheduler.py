@@ -101,7 +101,7 @@ class CacheTTLMixin:
         #: Routers' drop / extend commands (the hook's endpoint), settled in schedule().
         self.commands = PinCommands(self.active)
         self.services = HookServices(config, self.vllm_config, self.commands)
-        self.metrics, self.decider = self.services.metrics, self.services.decider
+        self.metrics = self.services.metrics
         self.emit = self.services.emit
         if passthrough is not None:
             logger.warning("CacheTTL passes through (vLLM's own scheduling): %s", passthrough[1])
@@ -312,7 +312,7 @@ class CacheTTLMixin:
         if step is not None and sync and step[1] >= _MIN_PREFILL_TOKENS:
             # The step ran new requests' prefill: one observed timing for the cost model.
             try:
-                self.decider.learn_prefill(step[1], time.perf_counter() - step[0])
+                self.services.decider.learn_prefill(step[1], time.perf_counter() - step[0])
             except Exception as exc:
                 self._fault("update_from_output", None, exc)
         return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]

@@ -13,7 +13,7 @@ from typing import Any
 
 from enginehook.config import HookConfig, detect_cpu_tier
 from enginehook.core.lifecycle import FinishedTurn
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from enginehook.link.decide import TtlDecider
 from enginehook.link.sinks import EventSink, build_sink
 from enginehook.vllm.metrics import EndpointAccess, HookMetrics, serve_metrics
@@ -93,7 +93,7 @@ class HookServices:
         self.metrics.decision(decision.basis)
         return decision
 
-    def emit(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+    def emit(self, event: ToolCallReport | ProgramEndReport) -> None:
         self.decider.learn_later(event)
         self.sink.submit(event)
         self.metrics.emitted()

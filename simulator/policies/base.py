@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from enginehook.core.lifecycle import FinishedTurn
 from enginehook.core.rules import SchedulingRules
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from estimator import Decision, HardwareProfile, Models, RequestFacts, get_profile
 from estimator.signatures import SHELL_TOOLS
 from simulator.trace import Program
@@ -144,14 +144,14 @@ class SchedulingPolicy:
         return Decision(0.0, 0.0, 0.0, "none")
 
     # Learning hooks (only models-backed policies use them).
-    def learn(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+    def learn(self, event: ToolCallReport | ProgramEndReport) -> None:
         """An event of the run's controller: a completed tool call (duration = next
         arrival − finish, pin outcome, admission delay; delays of turns whose cache had
         been released are samples of T) or a program's end."""
-        if isinstance(event, ProgramEndEvent):
+        if isinstance(event, ProgramEndReport):
             self.observe_program_end(event.total_turns, event.tenant)
             return
-        self.observe_tool(event.tool_name, event.tool_args, event.duration_s, event.tenant)
+        self.observe_tool(event.tool, event.tool_args, event.duration_s, event.tenant)
         if event.queue_delay_sample:
             self.observe_queue_delay(event.admission_delay_s, event.tenant)
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from controlplane.wire import seconds
 from enginehook.core.lifecycle import FinishedTurn
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from enginehook.link.remote import to_program_end, to_tool_call
 from estimator import DEFAULT_PROFILE, Decision, RequestFacts
 from simulator.policies import Cachettl
@@ -184,10 +184,10 @@ class RemotePolicy(Cachettl):
         d = self.client.decide(facts)  # the engine's facts, load signals included
         return Decision(d.ttl_s, d.return_probability, d.expected_benefit_s, d.basis, d.benefit_s)
 
-    def learn(self, event: ToolCallEvent | ProgramEndEvent) -> None:
+    def learn(self, event: ToolCallReport | ProgramEndReport) -> None:
         """Report the controller's event through the engine hook's own conversion."""
         self.calls += 1
-        if isinstance(event, ToolCallEvent):
+        if isinstance(event, ToolCallReport):
             self.client.record_tool_calls([to_tool_call(event)])
             return
         end = to_program_end(event)

@@ -42,7 +42,7 @@ def test_tenants_and_tools_commands(tmp_path: Path, capsys: pytest.CaptureFixtur
     store.close()
     assert main(["tools", "list", "--tenant", "acme", "--json", "--db", db]) == 0
     (row,) = json.loads(capsys.readouterr().out)
-    assert (row["tool_name"], row["sample_count"], row["signatures"]) == ("bash", 20, ["pytest"])
+    assert (row["tool"], row["sample_count"], row["signatures"]) == ("bash", 20, ["pytest"])
     png = tmp_path / "cdf.png"
     args = ["tools", "show", "bash", "--args", "pytest -q", "--tenant", "acme"]
     assert main([*args, "--min-samples", "3", "--json", "--png", str(png), "--db", db]) == 0

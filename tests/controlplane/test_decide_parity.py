@@ -19,7 +19,7 @@ from controlplane.rpc.client import ControlPlaneClient, TtlDecision
 from controlplane.service import ControlPlane
 from controlplane.storage import Store
 from enginehook.core.pins import ReleaseReason
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent, ToolCallTracker
+from enginehook.core.tracker import ProgramEndReport, ToolCallReport, ToolCallTracker
 from enginehook.link.decide import TtlDecider
 from enginehook.link.remote import to_program_end, to_tool_call
 from estimator import Decision
@@ -36,12 +36,12 @@ TOOLS = [
     ("search", '{"q": "kv cache"}', 1.5),
     ("edit", None, 0.2),
 ]
-Event = ToolCallEvent | ProgramEndEvent
+Event = ToolCallReport | ProgramEndReport
 
 
 def _turn(
     tracker: ToolCallTracker, rng: random.Random, program: str, now: float
-) -> tuple[float, ToolCallEvent]:
+) -> tuple[float, ToolCallReport]:
     """One tool call through the hook's tracker, with a random pin fate."""
     tool, args, median = rng.choice(TOOLS)
     pinned = rng.random() < 0.7
@@ -89,9 +89,9 @@ def _events(seed: int = 7) -> list[Event]:
 
 def _send(client: ControlPlaneClient, events: list[Event]) -> None:
     """In the hook's order: runs of tool calls as one batch, program ends one by one."""
-    batch: list[ToolCallEvent] = []
+    batch: list[ToolCallReport] = []
     for event in [*events, None]:
-        if isinstance(event, ToolCallEvent):
+        if isinstance(event, ToolCallReport):
             batch.append(event)
             continue
         if batch:
@@ -142,7 +142,7 @@ def _same(local: Decision, remote: TtlDecision) -> None:
 
 def test_the_control_plane_decides_as_the_engine_does(both) -> None:
     decider, client, events = both
-    outcomes = {e.pin_outcome for e in events if isinstance(e, ToolCallEvent)}
+    outcomes = {e.pin_outcome for e in events if isinstance(e, ToolCallReport)}
     assert outcomes == set(PinOutcome)  # every outcome is learned (or not) the same way
     bases, load_moved = set(), 0
     for tool, args, context, turns, offload, offloaded in FACTS:

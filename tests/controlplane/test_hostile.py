@@ -109,7 +109,7 @@ def _victim(target: str, token: str, stop: threading.Event, latencies: list[floa
 def _views(plane: ControlPlane) -> dict[str, object]:
     out: dict[str, object] = {"version": plane.version}
     for name in ("attacker", "victim"):
-        out[name] = [(t.tool_name, t.sample_count, t.signatures) for t in plane.list_tools(name)]
+        out[name] = [(t.tool, t.sample_count, t.signatures) for t in plane.list_tools(name)]
     return out
 
 

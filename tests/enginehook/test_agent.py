@@ -150,7 +150,7 @@ def test_tool_calls_detected_from_the_models_own_output(finished):
     assert calls, [run.commands for run in finished.runs]
     ran = {run.session_id: run.commands for run in finished.runs}
     for event in calls:
-        assert event["tool_name"] == "bash"
+        assert event["tool"] == "bash"
         assert event["tool_args"] in ran[event["program_id"]], event
 
 
@@ -185,7 +185,7 @@ def test_tools_cli_lists_the_real_commands_with_ttls_that_fit_them(finished):
     from estimator.signatures import SignatureRegistry
 
     calls = finished.calls()
-    tools = {t["tool_name"]: t for t in finished.cli("list")}
+    tools = {t["tool"]: t for t in finished.cli("list")}
     assert set(tools) == {"bash"}, tools
     assert tools["bash"]["sample_count"] == len(calls)
     assert tools["bash"]["pins"]["hits"] == sum(e["pin_outcome"] == "hit" for e in calls)

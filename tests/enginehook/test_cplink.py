@@ -17,7 +17,7 @@ from controlplane.records import PinOutcome, ProgramEnd, ToolCall
 from controlplane.rpc.server import ServerOptions
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from enginehook.link.decide import TtlDecider
 from enginehook.link.remote import (
     ControlPlaneLink,
@@ -29,12 +29,12 @@ from enginehook.link.remote import (
 from tests.support import ServerThread
 
 
-def _call(i: int, program: str = "p", outcome: PinOutcome = PinOutcome.HIT) -> ToolCallEvent:
-    return ToolCallEvent(
+def _call(i: int, program: str = "p", outcome: PinOutcome = PinOutcome.HIT) -> ToolCallReport:
+    return ToolCallReport(
         event_id=f"eng:{program}:{i}",
         program_id=program,
         tenant="default",
-        tool_name="bash",
+        tool="bash",
         tool_args="ls -la",
         duration_s=0.1 + i * 0.01,
         finished_at=1000.0 + i,
@@ -122,7 +122,7 @@ def test_buffer_spills_past_the_memory_bound_and_survives_a_restart(tmp_path):
     assert [e.event_id for e in buf.peek(10)] == ["eng:p:0", "eng:p:1", "eng:p:2"]
     buf.drop(3)
     assert [e.event_id for e in buf.peek(10)] == ["eng:p:3", "eng:p:4"]
-    buf.put(ProgramEndEvent("eng:p:end", "p", "default", 9, 5.0))
+    buf.put(ProgramEndReport("eng:p:end", "p", "default", 9, 5.0))
     assert buf.spill_all() == 2
     again = EventBuffer(tmp_path, memory_events=3, segment_events=2)
     assert len(again) == 6
@@ -141,7 +141,7 @@ def test_events_delivered_in_batches_once(plane, tmp_path):
     try:
         for i in range(20):
             link.submit(_call(i))
-        link.submit(ProgramEndEvent("eng:p:end", "p", "default", 21, 1100.0))
+        link.submit(ProgramEndReport("eng:p:end", "p", "default", 21, 1100.0))
         assert link.flush(20.0)
         assert plane.stored() == 20
         assert plane.ends() == 1
@@ -161,11 +161,11 @@ def test_a_tenants_name_bound_is_final_for_new_names_only(tmp_path):
     link = _link(bounded, tmp_path / "spill")
     try:
         for i, tool in enumerate(["t0", "t1", "t2", "t0", "t3"]):
-            link.submit(dataclasses.replace(_call(i), tool_name=tool))
+            link.submit(dataclasses.replace(_call(i), tool=tool))
         assert link.flush(20.0)  # nothing left queued: no retry loop at the head
         assert bounded.stored() == 3  # t0, t1, t0 again
         assert link.rejected == 2  # t2, t3
-        link.submit(dataclasses.replace(_call(9), tool_name="t1"))
+        link.submit(dataclasses.replace(_call(9), tool="t1"))
         assert link.flush(20.0)
         assert bounded.stored() == 4
     finally:
@@ -188,7 +188,7 @@ def test_control_plane_down_then_back_no_loss_no_duplicates(plane, tmp_path):
         plane.stop()  # killed mid-run: later events wait for it
         for i in range(30, 45):
             link.submit(_call(i))
-        link.submit(ProgramEndEvent("eng:p:end", "p", "default", 46, 2000.0))
+        link.submit(ProgramEndReport("eng:p:end", "p", "default", 46, 2000.0))
         assert not link.flush(0.5)
         plane.start()
         assert link.flush(30.0)
@@ -230,7 +230,7 @@ def test_one_conversion_every_field_and_outcome_arrives(plane, tmp_path):
     assert to_tool_call(events[1]) == ToolCall(
         event_id="eng:p:1",
         program_id="p",
-        tool_name="bash",
+        tool="bash",
         tool_args="ls -la",
         duration_s=0.11,
         finished_at=1001.0,
@@ -239,12 +239,12 @@ def test_one_conversion_every_field_and_outcome_arrives(plane, tmp_path):
         pin_outcome=PinOutcome.HIT,
         admission_delay_s=0.01,
     )
-    end = ProgramEndEvent("eng:p:end", "p", "default", 9, 1200.0)
+    end = ProgramEndReport("eng:p:end", "p", "default", 9, 1200.0)
     assert to_program_end(end) == ProgramEnd("p", 9, 1200.0)
     spill = tmp_path / "spill"
     spill.mkdir()
     old = {
-        **{k: getattr(_call(7), k) for k in ToolCallEvent.__slots__ if k != "cache"},
+        **{k: getattr(_call(7), k) for k in ToolCallReport.__slots__ if k != "cache"},
         "kind": "tool_call",
         "event_id": "eng:old:7",
     }

@@ -64,7 +64,7 @@ def test_pinned_prefix_survives_churn_and_output_equals_recompute(driver, clock)
     assert "A" not in driver.scheduler.pins
     events = [e for e in _events(driver) if e["program_id"] == "A"]
     tool_call = next(e for e in events if e["kind"] == "tool_call")
-    assert tool_call["tool_name"] == "bash"
+    assert tool_call["tool"] == "bash"
     assert tool_call["pin_outcome"] == "hit"
     assert tool_call["duration_s"] == pytest.approx(2.5)
     end = next(e for e in events if e["kind"] == "program_end")

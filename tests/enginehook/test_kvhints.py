@@ -25,7 +25,7 @@ from controlplane.kvhints import (
 )
 from enginehook.core.lifecycle import FinishedTurn, PinController
 from enginehook.core.rules import SchedulingRules
-from enginehook.core.tracker import PinOutcome, ToolCallEvent
+from enginehook.core.tracker import PinOutcome, ToolCallReport
 from enginehook.hints.flat import Hints, request_hints
 from estimator import Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
@@ -190,7 +190,7 @@ def test_a_release_frees_the_pin_at_once_and_its_turn_ends_the_program() -> None
     assert "p" not in controller.pins
     assert controller.admitted("p", 2.1).pin is None
     (event,) = host.events
-    assert isinstance(event, ToolCallEvent)
+    assert isinstance(event, ToolCallReport)
     assert event.pin_outcome is PinOutcome.UNSPECIFIED  # like a program end: no outcome
     finish = controller.finished(FinishedTurn("p", None, last_turn=True), 3.0, lambda: (4, "x"))
     assert (finish.took, finish.pinned) == (False, False)

@@ -21,17 +21,17 @@ from typing import Any
 import pytest
 
 from controlplane.records import PinOutcome
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent, event_record
+from enginehook.core.tracker import ProgramEndReport, ToolCallReport, event_record
 from enginehook.link.sinks import JsonlSink
 from enginehook.vllm.metrics import HookMetrics
 
 
-def _call(i: int) -> ToolCallEvent:
-    return ToolCallEvent(
+def _call(i: int) -> ToolCallReport:
+    return ToolCallReport(
         event_id=f"eng:p:{i}",
         program_id="p",
         tenant="default",
-        tool_name="bash",
+        tool="bash",
         tool_args="ls",
         duration_s=0.5,
         finished_at=1000.0 + i,
@@ -157,7 +157,7 @@ def test_close_writes_everything_queued_in_order(tmp_path: Path) -> None:
         sink = JsonlSink(tmp_path / "events.jsonl")
         for i in range(40):
             sink.submit(_call(i))
-        sink.submit(ProgramEndEvent("eng:p:end", "p", "default", 41, 2000.0))
+        sink.submit(ProgramEndReport("eng:p:end", "p", "default", 41, 2000.0))
         assert sink.queued == 41
         fd = attach()
         sink.close()

@@ -18,7 +18,7 @@ from controlplane.rpc.client import ClientTls
 from controlplane.rpc.server import ServerOptions, TlsFiles
 from controlplane.service import ControlPlane
 from enginehook.config import HookConfig
-from enginehook.core.tracker import ProgramEndEvent
+from enginehook.core.tracker import ProgramEndReport
 from enginehook.link.decide import TtlDecider
 from enginehook.link.remote import ControlPlaneLink, GrpcTransport, is_loopback
 from enginehook.link.spill import EventBuffer, claim_spill_dir
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CHILD = textwrap.dedent(
     """
     import sys, time
-    from enginehook.core.tracker import ProgramEndEvent
+    from enginehook.core.tracker import ProgramEndReport
     from enginehook.link.remote import ControlPlaneLink, GrpcTransport
     from enginehook.link.spill import EventBuffer
     from tests.enginehook.test_cplink import _call
@@ -46,7 +46,7 @@ _CHILD = textwrap.dedent(
     for p in range(4):
         for i in range(19):
             link.submit(_call(i, program=f"p{p}"))
-        link.submit(ProgramEndEvent(f"eng:p{p}:end", f"p{p}", "default", 19, 5.0))
+        link.submit(ProgramEndReport(f"eng:p{p}:end", f"p{p}", "default", 19, 5.0))
     print("submitted", flush=True)
     time.sleep(600)
     """
@@ -206,6 +206,6 @@ def test_no_token_in_clear_to_another_host(tmp_path):
 
 def test_events_reach_the_disk_off_the_callers_thread(plane, tmp_path):
     link = _link(plane, tmp_path / "spill")  # the control plane is down
-    link.submit(ProgramEndEvent("eng:p:end", "p", "default", 1, 5.0))
+    link.submit(ProgramEndReport("eng:p:end", "p", "default", 1, 5.0))
     assert _wait(lambda: bool(list((tmp_path / "spill").glob("spill-*.jsonl"))), 5)
     link.close(0.2)

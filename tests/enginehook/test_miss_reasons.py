@@ -12,7 +12,7 @@ from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import (
     PREFIX_BLOCKS_KEPT,
     CacheSeen,
-    ToolCallEvent,
+    ToolCallReport,
     ToolCallTracker,
     classify,
     common_blocks,
@@ -75,7 +75,7 @@ def test_hit_when_the_pin_was_held_and_handed_over() -> None:
     cache = _return(c, 2.0, hit=160)
     assert cache == TurnCache(MissReason.HIT, hit_tokens=160, reusable_tokens=160)
     (event,) = host.events
-    assert isinstance(event, ToolCallEvent)
+    assert isinstance(event, ToolCallReport)
     assert event.cache == cache
     assert event.pin_outcome is PinOutcome.HIT
 
@@ -239,7 +239,7 @@ def test_the_json_form_round_trips_and_old_records_read_as_unreported() -> None:
     c.expire(3.5)
     _return(c, 5.0, hit=0)
     event = host.events[-1]
-    assert isinstance(event, ToolCallEvent)
+    assert isinstance(event, ToolCallReport)
     record = event_record(event)
     assert record["cache"]["reason"] == "expired"
     assert record["cache"]["not_pinned_cause"] == "unspecified"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from enginehook.core.lifecycle import FinishedTurn, PinController
 from enginehook.core.rules import SchedulingRules
-from enginehook.core.tracker import ToolCallEvent
+from enginehook.core.tracker import ToolCallReport
 from estimator import Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
 
@@ -30,8 +30,8 @@ def _turn(c: PinController[str], at: float, tool: str | None = "bash") -> None:
     c.finished(FinishedTurn("p", tool, "pytest -x", 160), at + 1.0, lambda: (10, "blocks"))
 
 
-def _tool_calls(host: MinimalHost) -> list[ToolCallEvent]:
-    return [e for e in host.events if isinstance(e, ToolCallEvent)]
+def _tool_calls(host: MinimalHost) -> list[ToolCallReport]:
+    return [e for e in host.events if isinstance(e, ToolCallReport)]
 
 
 def test_the_pin_goes_at_once_and_the_call_has_its_true_duration() -> None:
@@ -43,7 +43,7 @@ def test_the_pin_goes_at_once_and_the_call_has_its_true_duration() -> None:
     assert not c.pinned("p")
     assert host.freed == [("p", "moved")]
     [call] = _tool_calls(host)
-    assert call.tool_name == "bash"
+    assert call.tool == "bash"
     assert call.duration_s == 2.5
 
 

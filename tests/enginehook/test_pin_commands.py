@@ -13,7 +13,7 @@ import pytest
 
 from enginehook.core.lifecycle import FinishedTurn, PinController
 from enginehook.core.rules import SchedulingRules
-from enginehook.core.tracker import ToolCallEvent
+from enginehook.core.tracker import ToolCallReport
 from enginehook.vllm.metrics import HookMetrics, serve_metrics
 from enginehook.vllm.pin_commands import HISTORY, MAX_PENDING, PinCommands
 from estimator import Decision, RequestFacts
@@ -54,7 +54,7 @@ def test_drop_releases_the_pin_now_and_reports_the_call_until_then() -> None:
     commands.apply(c, now=4.5)
     assert not c.pinned("s1")
     assert host.freed == [("s1", "dropped")]
-    [call] = [e for e in host.events if isinstance(e, ToolCallEvent)]
+    [call] = [e for e in host.events if isinstance(e, ToolCallReport)]
     assert call.duration_s == 3.5  # finished at 1.0, dropped (sent elsewhere) at 4.5
     [first] = commands.ids()
     assert commands.get(first) == {

@@ -14,7 +14,7 @@ from enginehook.core.lifecycle import FinishedTurn, PinController
 from enginehook.core.pins import Pin
 from enginehook.core.pressure import PressureRule
 from enginehook.core.rules import ORDERINGS, VICTIMS, SchedulingRules
-from enginehook.core.tracker import ProgramEndEvent
+from enginehook.core.tracker import ProgramEndReport
 from estimator import DEFAULT_TTL_CAP_S, Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
 
@@ -260,7 +260,7 @@ def test_an_abandoned_program_is_forgotten_and_its_end_reported() -> None:
     assert controller.forget_idle(50.0, idle_s=60.0) == []  # not idle long enough
     assert controller.forget_idle(100.0, idle_s=60.0) == ["s"]  # a step limit, say
     end = host.events[-1]
-    assert isinstance(end, ProgramEndEvent)
+    assert isinstance(end, ProgramEndReport)
     assert (end.program_id, end.total_turns, end.finished_at) == ("s", 2, 3.0)
     assert controller.attained_tokens("s") == 0  # forgotten: a later turn starts anew
     assert controller.forget_idle(200.0, idle_s=60.0) == []

@@ -455,8 +455,8 @@ def test_a_claude_code_sub_agent_keeps_its_parents_pin(server: Server) -> None:
     _chat(server, parent, {}, session, last=True)
     events = _ended(server, {"cc-run", "cc-run/explore-1"})
     calls = {e["program_id"]: e for e in events if e["kind"] == "tool_call"}
-    assert (calls["cc-run"]["tool_name"], calls["cc-run"]["pin_outcome"]) == ("Agent", "hit")
-    assert (calls["cc-run/explore-1"]["tool_name"], calls["cc-run/explore-1"]["pin_outcome"]) == (
+    assert (calls["cc-run"]["tool"], calls["cc-run"]["pin_outcome"]) == ("Agent", "hit")
+    assert (calls["cc-run/explore-1"]["tool"], calls["cc-run/explore-1"]["pin_outcome"]) == (
         "bash",
         "hit",
     )

@@ -10,8 +10,8 @@ from controlplane.records import PinOutcome
 from enginehook.core.pins import ReleaseReason
 from enginehook.core.pressure import PressureRule, may_release
 from enginehook.core.tracker import (
-    ProgramEndEvent,
-    ToolCallEvent,
+    ProgramEndReport,
+    ToolCallReport,
     ToolCallTracker,
     event_from_record,
     event_record,
@@ -111,11 +111,11 @@ def test_a_program_that_moved_reports_its_tool_call_as_moved(pinned, reason):
 
 @pytest.mark.parametrize("outcome", list(PinOutcome))
 def test_json_form_round_trips_with_the_outcome_by_label(outcome):
-    ev = ToolCallEvent(
+    ev = ToolCallReport(
         event_id="e:p:0",
         program_id="p",
         tenant="t",
-        tool_name="bash",
+        tool="bash",
         tool_args=None,
         duration_s=0.5,
         finished_at=1.0,
@@ -128,7 +128,7 @@ def test_json_form_round_trips_with_the_outcome_by_label(outcome):
     line = json.dumps(event_record(ev))
     assert json.loads(line)["pin_outcome"] == outcome.name.lower()
     assert event_from_record(json.loads(line)) == ev
-    end = ProgramEndEvent("e:p:end", "p", "t", 3, 9.0)
+    end = ProgramEndReport("e:p:end", "p", "t", 3, 9.0)
     assert event_from_record(json.loads(json.dumps(event_record(end)))) == end
 
 
@@ -149,12 +149,12 @@ def test_records_of_earlier_releases_still_read():
         "basis": "tool",
     }
     event = event_from_record(old)
-    assert isinstance(event, ToolCallEvent)
+    assert isinstance(event, ToolCallReport)
     assert event.pin_outcome is PinOutcome.RELEASED_UNDER_PRESSURE
     assert event_from_record({**old, "outcome": "other"}).pin_outcome is PinOutcome.UNSPECIFIED  # type: ignore[union-attr]
     assert event.chosen_ttl_s == 2.0
     end = {"kind": "program_end", "event_id": "e:p:end", "program_id": "p", "tenant": "t"}
-    assert event_from_record({**end, "total_turns": 3, "ended_at": 9.0}) == ProgramEndEvent(
+    assert event_from_record({**end, "total_turns": 3, "ended_at": 9.0}) == ProgramEndReport(
         "e:p:end", "p", "t", 3, 9.0
     )
     with pytest.raises(ValueError, match="unknown pin outcome 'lost'; valid: unspecified, hit"):

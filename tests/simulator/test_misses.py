@@ -10,20 +10,20 @@ from collections import Counter
 import pytest
 
 from controlplane.records import MissReason, PinOutcome
-from enginehook.core.tracker import ProgramEndEvent, ToolCallEvent
+from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from simulator.policies import get_scheduling_policy
 from simulator.sim import Simulation, simulate
 from simulator.workloads import generate
 
 
-def _run(spec: str) -> tuple[list[ToolCallEvent], list[float]]:
+def _run(spec: str) -> tuple[list[ToolCallReport], list[float]]:
     programs = generate("swe", 30, rate=0.09, seed=1)
     policy = get_scheduling_policy(spec)
-    events: list[ToolCallEvent] = []
+    events: list[ToolCallReport] = []
     learn = policy.learn
 
-    def record(event: ToolCallEvent | ProgramEndEvent) -> None:
-        if isinstance(event, ToolCallEvent):
+    def record(event: ToolCallReport | ProgramEndReport) -> None:
+        if isinstance(event, ToolCallReport):
             events.append(event)
         learn(event)
 
@@ -33,7 +33,7 @@ def _run(spec: str) -> tuple[list[ToolCallEvent], list[float]]:
 
 
 @pytest.fixture(scope="module")
-def static_ttl() -> tuple[list[ToolCallEvent], list[float]]:
+def static_ttl() -> tuple[list[ToolCallReport], list[float]]:
     return _run("static-ttl")
 
 
