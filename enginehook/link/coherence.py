@@ -17,7 +17,9 @@ what it does without coherence (the pin lives until its TTL).
 Refusal is per arrival: an arrival whose program id the control plane would refuse (empty,
 over its length limit, with NUL, or not encodable as UTF-8) is left out of its batch and
 counted (``refused``), and a batch the server still refuses as invalid is split until the
-refused arrivals are found: one bad program id never costs the others their report.
+refused arrivals are found: one bad program id never costs the others their report. An
+arrival the control plane refuses alone in a report it applied (a time ahead of its clock)
+is counted apart (``server_refused``) and not as reported.
 :meth:`CoherenceLink.counters` gives the counters to the hook's ``/metrics``.
 """
 
@@ -25,13 +27,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
 
-from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
+from controlplane._gen.cachettl.v1.cluster_pb2 import ReportArrivalsResponse, WatchMovesResponse
 from controlplane.records import LIMITS
 from controlplane.wire import timestamp_seconds
 
@@ -51,7 +54,9 @@ Moved = tuple[str, float]
 class CoherenceClient(Protocol):
     """What the link needs of ``controlplane.rpc.client.ControlPlaneClient``."""
 
-    def report_arrivals(self, engine_id: str, arrivals: Sequence[tuple[str, float]]) -> int: ...
+    def report_arrivals_answer(
+        self, engine_id: str, arrivals: Sequence[tuple[str, float]]
+    ) -> ReportArrivalsResponse: ...
 
     def watch_moves(
         self, engine_id: str, timeout_s: float | None = None
@@ -87,12 +92,16 @@ class CoherenceLink:
         self._moved: deque[Moved] = deque()
         self._stop = threading.Event()
         #: Arrivals reported; lost (the control plane down, or the reporter behind);
-        #: refused (a program id the control plane refuses); moves received.
+        #: refused (a program id the control plane refuses, left out here or split out);
+        #: refused by the server one by one in a report it applied (an arrival time ahead
+        #: of its clock...); moves received.
         self.reported = 0
         self.dropped = 0
         self.refused = 0
+        self.server_refused = 0
         self.received = 0
         self._refusal_logged = False
+        self._server_refusal_logged = False
         self._threads = [
             threading.Thread(target=self._report_loop, name="cachettl-arrivals", daemon=True),
             threading.Thread(target=self._watch_loop, name="cachettl-moves", daemon=True),
@@ -138,6 +147,7 @@ class CoherenceLink:
             ("cachettl_coherence_arrivals_reported_total", "counter", self.reported),
             ("cachettl_coherence_arrivals_dropped_total", "counter", self.dropped),
             ("cachettl_coherence_arrivals_refused_total", "counter", self.refused),
+            ("cachettl_coherence_arrivals_refused_by_server_total", "counter", self.server_refused),
             ("cachettl_coherence_arrivals_pending", "gauge", len(self._arrivals)),
             ("cachettl_coherence_moves_received_total", "counter", self.received),
         ]
@@ -170,7 +180,7 @@ class CoherenceLink:
         if not batch:
             return
         try:
-            self.client.report_arrivals(self.engine_id, batch)
+            answer = self.client.report_arrivals_answer(self.engine_id, batch)
         except grpc.RpcError as exc:
             if exc.code() is not grpc.StatusCode.INVALID_ARGUMENT:
                 raise
@@ -181,7 +191,29 @@ class CoherenceLink:
             self._report(batch[:half])
             self._report(batch[half:])
             return
-        self.reported += len(batch)
+        if answer.refused:
+            self._server_refused(answer)
+        self.reported += len(batch) - answer.refused
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "pin coherence: %d arrival(s) reported, the oldest %.3f s after it arrived",
+                len(batch) - answer.refused,
+                time.time() - min(at for _, at in batch),
+            )
+
+    def _server_refused(self, answer: ReportArrivalsResponse) -> None:
+        """Count the arrivals the control plane refused one by one in a report it applied
+        (the first time, logged with the first reason it named)."""
+        self.server_refused += answer.refused
+        if not self._server_refusal_logged:
+            self._server_refusal_logged = True
+            why = answer.refusals[0].reason if answer.refusals else "no reason named"
+            logger.warning(
+                "CacheTTL pin coherence: the control plane refused %d arrival(s) of a report "
+                "(%s); further refusals are counted only",
+                answer.refused,
+                why[:200],
+            )
 
     def _refused(self, n: int, why: str) -> None:
         self.refused += n
@@ -206,8 +238,16 @@ class CoherenceLink:
 
     def _follow(self, stream: Iterable[WatchMovesResponse]) -> None:
         for moved in stream:
-            self._moved.append((moved.program_id, timestamp_seconds(moved.arrived_at)))
+            arrived_at = timestamp_seconds(moved.arrived_at)
+            self._moved.append((moved.program_id, arrived_at))
             self.received += 1
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "pin coherence: move of %r to %r heard %.3f s after its arrival there",
+                    moved.program_id,
+                    moved.to_engine_id,
+                    time.time() - arrived_at,
+                )
             if self.on_moved is not None:
                 self.on_moved()
 

@@ -127,3 +127,37 @@ def test_one_refused_program_id_costs_the_other_arrivals_nothing(
     finally:
         a.close()
         b.close()
+
+
+def test_an_arrival_the_server_refuses_alone_is_counted_and_the_rest_move(
+    cluster: tuple[ServerThread, str],
+) -> None:
+    """b's batch holds an arrival stamped a minute ahead of the control plane's clock (a
+    clock set wrong): the server refuses that arrival alone; a hears of the others' moves,
+    b counts the refusal (apart from the ids it refuses itself) and does not count it as
+    reported."""
+    server, token = cluster
+    woken: list[str] = []
+    a, b = _link(server, token, "engine-a", woken), _link(server, token, "engine-b", woken)
+    try:
+        _until_watching(a, b)
+        reported = b.reported
+        programs = ["mover-1", "mover-2", "ahead"]
+        for program in programs:
+            a.arrived(program, time.time())
+        time.sleep(0.3)
+        b.arrived("mover-1", time.time())
+        b.arrived("ahead", time.time() + 60.0)
+        b.arrived("mover-2", time.time())
+        heard: set[str] = set()
+        deadline = time.monotonic() + 5
+        while heard < {"mover-1", "mover-2"} and time.monotonic() < deadline:
+            heard |= {program for program, _ in _moved_within(a, 0.2)}
+        assert heard == {"mover-1", "mover-2"}
+        counters = dict((name, value) for name, _, value in b.counters())
+        assert counters["cachettl_coherence_arrivals_refused_by_server_total"] == 1
+        assert counters["cachettl_coherence_arrivals_refused_total"] == 0
+        assert b.reported - reported == 2
+    finally:
+        a.close()
+        b.close()
