@@ -10,11 +10,13 @@ live in :mod:`enginehook.vllm.scheduler` (imports vLLM) and are loaded by vLLM w
 ``--scheduler-cls enginehook.scheduler.CacheTTLScheduler``.
 """
 
-from enginehook.core.lifecycle import EngineHost, FinishedTurn, PinController
+from enginehook.core.host import EngineHost, FinishedTurn
+from enginehook.core.lifecycle import PinController
 from enginehook.core.pins import Pin, PinResult, PinTable, ReleaseReason
 from enginehook.core.pressure import PressureRule, choose_victims, may_release
 from enginehook.core.priority import ProgramArrivals, SortedWaitQueue
-from enginehook.core.rules import ORDERINGS, VICTIMS, SchedulingRules
+from enginehook.core.registries import ORDERINGS, VICTIMS
+from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import PinOutcome, ProgramEndReport, ToolCallReport, ToolCallTracker
 from enginehook.hints.flat import Hints
 

@@ -102,7 +102,7 @@ class HookConfig:
     own certificate and key, for mutual TLS). A token is refused over a plaintext channel
     to any host but a loopback address unless ``allow_plaintext_token`` is on.
     ``spill_dir``: where undelivered events are spilled (default: a folder per engine
-    under the user's cache directory, :func:`enginehook.link.remote.default_spill_dir`).
+    under the user's cache directory, :func:`enginehook.link.spill.default_spill_dir`).
     ``spill_max_bytes``: the spill's bound on disk. ``coherence``: with a control plane,
     report this engine's turn arrivals and drop at once the pin of a program whose next turn
     arrived at another engine (:mod:`enginehook.link.coherence`; on by default).

@@ -3,139 +3,52 @@
 :class:`PinController` is the one object both hosts run: the vLLM hook
 (:mod:`enginehook.vllm.scheduler`) and the simulator (:class:`simulator.sim.Simulation`). It owns
 the pin table, the tool-call trackers, program arrivals and attained service, the TTL
-policy (a :class:`Decider`) and the :class:`~enginehook.core.rules.SchedulingRules`, and it
+policy (a :class:`~enginehook.core.host.Decider`) and the
+:class:`~enginehook.core.rules.SchedulingRules`, and it
 exposes the lifecycle::
 
     arrived ─► admitted (a live pin hands its blocks over) ─► finished (decide, pin, track)
     expire(now) · relieve(needed, ...) under memory pressure · order_key(...) of the queue
     admission_tick(now) · may_admit(program) where a program-level admission runs
 
-An engine implements the small :class:`EngineHost` protocol (free KV, the waiting queue,
-giving a pinned handle back, receiving events); nothing here knows vLLM or the simulator,
-and every method that depends on time takes ``now``.
+An engine implements the small :class:`~enginehook.core.host.EngineHost` protocol (free
+KV, the waiting queue, giving a pinned handle back, receiving events); nothing here knows
+vLLM or the simulator, and every method that depends on time takes ``now``. What the
+controller keeps of each program is :class:`~enginehook.core.programs.Programs`; what the
+waiting queue asks of it (the rules in force, the sort key, program-level admission) is
+:class:`~enginehook.core.order.QueueOrder`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, replace
-from typing import Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Generic, TypeVar
 
 from enginehook.core.admission import ProgramAdmission
+from enginehook.core.host import Admitted, Decider, EngineHost, Finish, FinishedTurn
+from enginehook.core.order import QueueOrder
 from enginehook.core.pins import Pin, PinTable, ReleaseReason
 from enginehook.core.pressure import PressureRule, may_release
 from enginehook.core.priority import ProgramArrivals
-from enginehook.core.rules import ORDERINGS, VICTIMS, SchedulingRules
+from enginehook.core.programs import MAX_PROGRAMS, Programs
+from enginehook.core.registries import ORDERINGS, VICTIMS
+from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import (
     CacheSeen,
     NotPinnedCause,
-    ProgramEndReport,
-    ReturningTurn,
-    ToolCallReport,
     ToolCallTracker,
 )
 from enginehook.core.ttl import clip_ttl, finite_cap
-from estimator import Decision, RequestFacts
+from estimator import RequestFacts
 
-__all__ = ["Admitted", "Decider", "EngineHost", "Finish", "FinishedTurn", "PinController"]
+__all__ = ["PinController"]
 
 H = TypeVar("H")
 
 
-@dataclass(frozen=True, slots=True)
-class FinishedTurn:
-    """A turn that just finished decoding, as its engine saw it.
-
-    ``tool``: the tool it called (``None``: none). ``last_turn``: the program ends here.
-    ``pin``: the client allows pinning this turn. ``offloaded_tokens``: how much of the
-    context a CPU tier holds (``None``: all of it, when a tier is on). ``service_s``: model
-    time the turn took (attained service); ``output_tokens``: tokens it generated (with
-    ``context_tokens``, its weighted-token service: prompt + 2 × output). ``pin_ttl_s``:
-    the TTL the client set for this turn (the decider should honour it). ``pin_ttl_max_s``:
-    the most the client lets this turn be pinned (caps the decided TTL; the rules'
-    ``ttl_cap_s`` still applies on top; :mod:`enginehook.core.ttl`). ``true_duration_s``:
-    the tool's real duration, known only to a simulator (the oracle policy uses it).
-    """
-
-    program_id: str
-    tool: str | None
-    tool_args: str | None = None
-    context_tokens: int = 0
-    tenant: str = "default"
-    last_turn: bool = False
-    pin: bool = True
-    offloaded_tokens: int | None = None
-    service_s: float = 0.0
-    output_tokens: int = 0
-    pin_ttl_s: float | None = None
-    true_duration_s: float | None = None
-    pin_ttl_max_s: float | None = None
-
-
-class Admitted(NamedTuple, Generic[H]):
-    """What :meth:`PinController.admitted` found: the pin handed over and the returning
-    turn (either may be ``None``)."""
-
-    pin: Pin[H] | None
-    turn: ReturningTurn | None
-
-
-@dataclass(frozen=True, slots=True)
-class Finish(Generic[H]):
-    """What :meth:`PinController.finished` did. ``took``: the host's ``take`` was called
-    and returned ``handle``, which now belongs to the pin or, when not ``pinned`` (the
-    budget refused it), is the host's to free."""
-
-    took: bool = False
-    pinned: bool = False
-    decision: Decision | None = None
-    handle: H | None = None
-
-
-class Decider(Protocol):
-    """The TTL policy the controller asks (the hook's :class:`enginehook.link.decide.TtlDecider`
-    adapter, or a simulator policy)."""
-
-    def decide(self, facts: RequestFacts, turn: FinishedTurn) -> Decision: ...
-
-
-class EngineHost(Protocol[H]):
-    """What the controller asks of, and tells, the engine around it."""
-
-    def free_tokens(self) -> int:
-        """KV tokens free now."""
-        ...
-
-    def waiting_requests(self) -> Iterable[tuple[str | None, int]]:
-        """``(program id, prompt tokens)`` of each waiting request, in queue order."""
-        ...
-
-    def waiting_programs(self) -> Collection[str]:
-        """Programs with a request waiting (a cheap live view)."""
-        ...
-
-    def pinned_tokens(self, pin: Pin[H]) -> int:
-        """Tokens of its program's next prompt that ``pin`` covers."""
-        ...
-
-    def pin_released(self, pin: Pin[H], reason: ReleaseReason) -> None:
-        """A pin ended: give its handle back (for ``HIT`` the admitted request took it)."""
-        ...
-
-    def emit(self, event: ToolCallReport | ProgramEndReport) -> None:
-        """A completed tool call or program end, to learn from and report."""
-        ...
-
-
-#: Most programs a :class:`PinController` keeps state for (arrival, tenant, service and
-#: its tracker's turn counts). Past it the program that arrived least recently and holds
-#: no pin is forgotten, as a program idle past ``idle_program_s`` is (its next turn starts
-#: afresh); ``PinController.evicted`` counts them.
-MAX_PROGRAMS = 65_536
-
-
-class PinController(Generic[H]):
+class PinController(QueueOrder, Generic[H]):
     """Pins, trackers, arrivals, the policy and the rules of one engine."""
 
     def __init__(
@@ -153,11 +66,7 @@ class PinController(Generic[H]):
         """``decider``: ``None`` never pins (the controller still tracks and orders).
         ``block_size``: tokens per KV block (the admission's capacity is the pool's tokens).
         ``max_programs``: the bound on programs kept (:data:`MAX_PROGRAMS`)."""
-        if max_programs < 1:
-            raise ValueError(f"max_programs must be >= 1, got {max_programs}")
-        self.max_programs = max_programs
-        #: Programs forgotten to keep ``max_programs``.
-        self.evicted = 0
+        self._programs = Programs(engine_id, max_programs)
         self.rules = rules
         self.host = host
         self.decider = decider
@@ -165,11 +74,6 @@ class PinController(Generic[H]):
         budget = int(rules.budget_share * pool_blocks)
         cap = finite_cap(rules.ttl_cap_s)
         self.pins: PinTable[H] = PinTable(budget, ttl_cap_s=cap, on_release=self._released)
-        self.arrivals = ProgramArrivals()
-        self._trackers: dict[str, ToolCallTracker] = {}
-        self._tenants: dict[str, str] = {}
-        self._service: dict[str, float] = {}
-        self._tokens: dict[str, float] = {}
         self.admission: ProgramAdmission | None = None
         if rules.admission == "thunderagent":
             self.admission = ProgramAdmission(
@@ -179,87 +83,32 @@ class PinController(Generic[H]):
         self._victims = VICTIMS[rules.victim]
         self.cpu_tier = cpu_tier
 
-    # -- rules in force --------------------------------------------------------------------
-    @property
-    def cpu_tier(self) -> bool:
-        """Whether a CPU tier holds copies of the KV (the tier rules apply)."""
-        return self._cpu_tier
-
-    @cpu_tier.setter
-    def cpu_tier(self, on: bool) -> None:
-        self._cpu_tier = bool(on)
-        self._pressure, self._window = self.rules.in_force(self._cpu_tier)
-
-    @property
-    def pressure_rule(self) -> PressureRule:
-        return self._pressure
-
-    @property
-    def order_window_s(self) -> float:
-        return self._window
-
-    @property
-    def first_turn_head_start_s(self) -> float:
-        return self.rules.first_turn_head_start_s
-
-    @property
-    def first_turn_over_pins(self) -> bool:
-        return self.rules.first_turn_over_pins
-
-    # -- what orderings ask ----------------------------------------------------------------
-    def pinned(self, program_id: str | None) -> bool:
-        return program_id is not None and program_id in self.pins
-
-    def first_arrival(self, program_id: str | None, default: float) -> float:
-        return self.arrivals.first(program_id, default)
-
-    def attained_service(self, program_id: str | None) -> float:
-        return self._service.get(program_id, 0.0) if program_id is not None else 0.0
-
-    def attained_tokens(self, program_id: str | None) -> float:
-        return self._tokens.get(program_id, 0.0) if program_id is not None else 0.0
-
-    def order_key(
-        self, priority: int, preempted: bool, program_id: str | None, arrival: float, rid: str
-    ) -> tuple[object, ...]:
-        """The waiting-queue sort key of one request (smaller goes first). With an
-        admission, requests of paused programs sort after every other (the host stops
-        admitting at the first one, :meth:`may_admit`)."""
-        key = self._order(self, priority, preempted, program_id, arrival, rid)
-        if self.admission is not None:
-            return (1 if self.admission.held(program_id) else 0, *key)
-        return key
-
-    # -- program-level admission ------------------------------------------------------------
-    def may_admit(self, program_id: str | None) -> bool:
-        """Whether a waiting request of the program may be admitted (its program is not
-        paused by the admission)."""
-        return self.admission is None or not self.admission.held(program_id)
-
-    def admission_tick(self, now: float) -> bool:
-        """Run the admission's periodic pause/resume check when due; ``True`` when a
-        program was resumed (queue order changed). Hosts call it every scheduling step."""
-        if self.admission is None or not self.admission.due(now):
-            return False
-        return bool(self.admission.tick(now))
-
-    def next_admission_check(self) -> float | None:
-        """When the admission checks next while a program is paused (an idle host must
-        wake up then); ``None`` without one."""
-        if self.admission is None or not self.admission.paused_count():
-            return None
-        return self.admission.next_tick()
-
     # -- the lifecycle ---------------------------------------------------------------------
+    @property
+    def arrivals(self) -> ProgramArrivals:
+        """Programs' first arrivals."""
+        return self._programs.arrivals
+
+    @property
+    def max_programs(self) -> int:
+        return self._programs.max_programs
+
+    @property
+    def evicted(self) -> int:
+        """Programs forgotten to keep ``max_programs``."""
+        return self._programs.evicted
+
+    @property
+    def programs(self) -> int:
+        """Programs the controller keeps state for (at most ``max_programs``)."""
+        return len(self._programs)
+
     def tracker(self, tenant: str = "default") -> ToolCallTracker:
         """The tool-call tracker of ``tenant`` (one per engine and tenant)."""
-        tracker = self._trackers.get(tenant)
-        if tracker is None:
-            tracker = self._trackers[tenant] = ToolCallTracker(self.engine_id, tenant)
-        return tracker
+        return self._programs.tracker(tenant)
 
     def _tracker_of(self, program_id: str) -> ToolCallTracker:
-        return self.tracker(self._tenants.get(program_id, "default"))
+        return self._programs.tracker_of(program_id)
 
     def arrived(
         self,
@@ -278,17 +127,9 @@ class PinController(Generic[H]):
         not a new program (no first-turn head start or reclaim: those are for new
         sessions) and a session that fans out gets no larger share under service-based
         orders."""
-        self._tenants.pop(program_id, None)  # most recent last: the bound evicts the oldest
-        self._tenants[program_id] = tenant
-        if len(self._tenants) > self.max_programs:
-            self._evict_oldest()
-        if parent is not None and parent != program_id:
-            arrival = min(arrival, self.arrivals.first(parent, arrival))
-            if program_id not in self._tokens and parent in self._tokens:
-                self._tokens[program_id] = self._tokens[parent]
-                self._service[program_id] = self._service.get(parent, 0.0)
-        self.arrivals.observe(program_id, arrival)
-        self.tracker(tenant).arrived(program_id, now)
+        evicted = self._programs.arrived(program_id, arrival, now, tenant, parent, pinned=self.pins)
+        if evicted is not None and self.admission is not None:
+            self.admission.ended(evicted)
         if self.admission is not None:
             self.admission.arrived(program_id, prompt_tokens, now)
 
@@ -312,9 +153,8 @@ class PinController(Generic[H]):
         over (``(blocks, handle)``; called only when the decision is to pin)."""
         program = turn.program_id
         tracker = self._tracker_of(program)
-        self._service[program] = self._service.get(program, 0.0) + turn.service_s
         served = turn.context_tokens + turn.output_tokens
-        self._tokens[program] = self._tokens.get(program, 0.0) + served
+        self._programs.served(program, turn.service_s, served)
         if self.admission is not None and not turn.last_turn:
             self.admission.acting(program, turn.context_tokens, now)
         if turn.last_turn:
@@ -439,24 +279,8 @@ class PinController(Generic[H]):
         if event is not None:
             self.host.emit(event)
 
-    def _evict_oldest(self) -> None:
-        victim = next((p for p in self._tenants if p not in self.pins), None)
-        if victim is None:
-            return
-        self._tracker_of(victim).forget(victim)
-        self._forget(victim)
-        self.evicted += 1
-
-    @property
-    def programs(self) -> int:
-        """Programs the controller keeps state for (at most ``max_programs``)."""
-        return len(self._tenants)
-
     def _forget(self, program_id: str) -> None:
-        self.arrivals.forget(program_id)
-        self._service.pop(program_id, None)
-        self._tokens.pop(program_id, None)
-        self._tenants.pop(program_id, None)
+        self._programs.forget(program_id)
         if self.admission is not None:
             self.admission.ended(program_id)
 
@@ -524,10 +348,7 @@ class PinController(Generic[H]):
     def forget_idle(self, now: float, idle_s: float) -> list[str]:
         """Forget programs whose tool call finished over ``idle_s`` ago without a return,
         and report each one's end (the turns it was served). Returns their ids."""
-        ended: list[ProgramEndReport] = []
-        quiet: list[str] = []
-        for tracker in self._trackers.values():
-            ended += tracker.forget_idle(now, idle_s, quiet)
+        ended, quiet = self._programs.idle(now, idle_s)
         for program_id in quiet:
             self._forget(program_id)
         for event in ended:

@@ -1,4 +1,4 @@
-"""What the waiting-queue orderings stand on (:data:`enginehook.core.rules.ORDERINGS`).
+"""What the waiting-queue orderings stand on (:data:`enginehook.core.registries.ORDERINGS`).
 
 :class:`ProgramArrivals` remembers each program's first arrival (the paper's program-level
 order serves programs by it, so a program keeps its place in line across turns);

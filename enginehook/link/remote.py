@@ -20,42 +20,40 @@ plane that accepts connections and never answers): a watchdog thread puts what w
 memory on disk once a send has been out ``flush_interval_s``; a batch moved so is
 delivered again from the disk (the control plane drops repeats by event id).
 
-:func:`to_tool_call` and :func:`to_program_end` are the one conversion of the hook's events
-to the control plane's records; the simulator's demo reports through them too.
+The transport, its gRPC implementation and the conversion of the hook's events to the
+control plane's records are in :mod:`enginehook.link.transport`.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING
 
-from controlplane.records import ProgramEnd, ToolCall
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport
-from enginehook.link.snapshot import SnapshotData, SnapshotFollower, follow, models_from_snapshot
+from enginehook.link.snapshot import models_from_snapshot
 from enginehook.link.spill import EventBuffer, claim_spill_dir, default_spill_dir
+from enginehook.link.transport import (
+    GrpcTransport,
+    PermanentError,
+    Transport,
+    client_from_config,
+    tls_from_config,
+)
 
 if TYPE_CHECKING:
-    from controlplane.rpc.client import ClientTls, ControlPlaneClient
     from enginehook.config import HookConfig
     from enginehook.link.base import SinkCounter
     from enginehook.link.decide import TtlDecider
 
 __all__ = [
     "ControlPlaneLink",
-    "EventBuffer",
-    "PermanentError",
-    "Transport",
-    "checked_client",
+    # Kept for enginehook.link.coherence, which imports it from here.
     "client_from_config",
-    "is_loopback",
-    "to_program_end",
-    "to_tool_call",
 ]
 
 logger = logging.getLogger("enginehook.link.remote")
@@ -65,51 +63,6 @@ Event = ToolCallReport | ProgramEndReport
 #: Event ids remembered as settled while the watchdog had moved them to disk (past that
 #: they are sent again; the control plane drops repeats by event id).
 _MAX_SETTLED = 100_000
-
-
-class PermanentError(Exception):
-    """The control plane refused an event for good (bad input, or a limit it marks final,
-    such as a tenant's bound on distinct tool names): retrying cannot help."""
-
-
-class Transport(Protocol):
-    """How batches reach the control plane; every call may raise on failure."""
-
-    def send_tool_calls(self, events: Sequence[ToolCallReport]) -> None: ...
-
-    def send_program_end(self, event: ProgramEndReport) -> None: ...
-
-    def watch(self, after_version: int) -> Iterator[SnapshotData]: ...
-
-    def close(self) -> None: ...
-
-
-def to_tool_call(event: ToolCallReport) -> ToolCall:
-    """The control plane's record of a hook's tool-call event (``RecordToolCalls``).
-
-    Every field travels but ``tenant`` (the server takes it from the token) and ``basis``;
-    the returning turn's cache report (miss reason and details) too.
-    The admission delay is sent whatever the outcome: the server, like the hook's own
-    learner, counts it as a sample of T only when ``PinOutcome.feeds_queue_delay``.
-    """
-    return ToolCall(
-        event_id=event.event_id,
-        program_id=event.program_id,
-        tool=event.tool,
-        tool_args=event.tool_args or "",
-        duration_s=event.duration_s,
-        finished_at=event.finished_at,
-        turn_index=event.turn_index,
-        chosen_ttl_s=event.chosen_ttl_s,
-        pin_outcome=event.pin_outcome,
-        admission_delay_s=event.admission_delay_s,
-        cache=event.cache,
-    )
-
-
-def to_program_end(event: ProgramEndReport) -> ProgramEnd:
-    """The control plane's record of a hook's program end (``RecordProgramEnd``)."""
-    return ProgramEnd(event.program_id, event.total_turns, event.finished_at)
 
 
 class ControlPlaneLink:
@@ -168,7 +121,7 @@ class ControlPlaneLink:
         transport = GrpcTransport(
             config.control_plane,
             config.token,
-            tls=_tls(config),
+            tls=tls_from_config(config),
             allow_plaintext_token=config.allow_plaintext_token,
         )
         token = config.token
@@ -378,113 +331,3 @@ class ControlPlaneLink:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
-
-
-def is_loopback(target: str) -> bool:
-    """Whether gRPC ``target`` ("host:port", "[v6]:port", "unix:...") stays on this host."""
-    if target.startswith(("unix:", "unix-abstract:")):
-        return True
-    host = target.rpartition(":")[0] if ":" in target else target
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _tls(config: HookConfig) -> ClientTls | None:
-    from controlplane.rpc.client import ClientTls
-
-    if not config.tls_ca_file:
-        return None
-    cert = Path(config.tls_cert_file) if config.tls_cert_file else None
-    key = Path(config.tls_key_file) if config.tls_key_file else None
-    return ClientTls(Path(config.tls_ca_file), cert, key)
-
-
-def checked_client(
-    target: str,
-    token: str,
-    timeout_s: float = 5.0,
-    tls: ClientTls | None = None,
-    allow_plaintext_token: bool = False,
-) -> ControlPlaneClient:
-    """A client of the control plane at ``target``, refused (``ValueError`` naming the
-    setting) when the token would travel in clear to another host or a TLS file is missing."""
-    from controlplane.rpc.client import ControlPlaneClient
-
-    if tls is None and token and not allow_plaintext_token and not is_loopback(target):
-        raise ValueError(
-            f"additional_config.cachettl.control_plane={target!r}: the token would travel "
-            "in clear to another host; set tls_ca_file (TLS) or allow_plaintext_token"
-        )
-    if tls is not None:
-        for name, path in (("tls_ca_file", tls.ca), ("tls_cert_file", tls.cert)):
-            if path is not None and not path.is_file():
-                raise ValueError(f"additional_config.cachettl.{name}: no file {str(path)!r}")
-        if tls.key is not None and not tls.key.is_file():
-            raise ValueError(f"additional_config.cachettl.tls_key_file: no file {tls.key}")
-    return ControlPlaneClient(target, token, timeout_s=timeout_s, tls=tls)
-
-
-def client_from_config(config: HookConfig, timeout_s: float = 5.0) -> ControlPlaneClient:
-    """:func:`checked_client` for the hook's ``control_plane``, token and TLS settings."""
-    return checked_client(
-        config.control_plane, config.token, timeout_s, _tls(config), config.allow_plaintext_token
-    )
-
-
-class GrpcTransport:
-    """:class:`Transport` over ``controlplane.rpc.client.ControlPlaneClient``."""
-
-    def __init__(
-        self,
-        target: str,
-        token: str,
-        timeout_s: float = 5.0,
-        *,
-        tls: ClientTls | None = None,
-        allow_plaintext_token: bool = False,
-    ) -> None:
-        self._client = checked_client(target, token, timeout_s, tls, allow_plaintext_token)
-        self._follower = SnapshotFollower()  # compact snapshots: deltas merged here
-
-    @staticmethod
-    def _check(exc: Exception) -> None:
-        """Raise :class:`PermanentError` for an answer that retrying cannot cure: bad input,
-        or a limit the server marks final (a tenant's name bound)."""
-        import grpc
-
-        from controlplane.errors import RETRYABLE_KEY
-
-        if not isinstance(exc, grpc.RpcError):
-            return
-        trailer = dict(exc.trailing_metadata() or ())
-        final = trailer.get(RETRYABLE_KEY) == "false"
-        if exc.code() == grpc.StatusCode.INVALID_ARGUMENT or final:
-            raise PermanentError(str(exc.details())) from exc
-
-    def send_tool_calls(self, events: Sequence[ToolCallReport]) -> None:
-        try:
-            self._client.record_tool_calls([to_tool_call(e) for e in events])
-        except Exception as exc:
-            self._check(exc)
-            raise
-
-    def send_program_end(self, event: ProgramEndReport) -> None:
-        end = to_program_end(event)
-        try:
-            self._client.record_program_end(end.program_id, end.total_turns, end.finished_at)
-        except Exception as exc:
-            self._check(exc)
-            raise
-
-    def watch(self, after_version: int) -> Iterator[SnapshotData]:
-        """Whole snapshots: compact ones with their deltas merged
-        (:func:`enginehook.link.snapshot.follow`)."""
-        yield from follow(self._client, after_version, self._follower)
-
-    def close(self) -> None:
-        self._client.close()

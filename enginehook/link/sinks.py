@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from enginehook.config import HookConfig
     from enginehook.link.decide import TtlDecider
 
-__all__ = ["EventSink", "JsonlSink", "NullSink", "SinkCounter", "build_sink", "event_record"]
+__all__ = ["JsonlSink", "NullSink", "build_sink"]
 
 logger = logging.getLogger("enginehook.link.sinks")
 

@@ -57,7 +57,7 @@ __all__ = [
 
 logger = logging.getLogger("enginehook.routing.drops")
 
-#: The hook's pin-command path prefix (``enginehook.vllm.metrics.PINS_PATH``; a test keeps
+#: The hook's pin-command path prefix (``enginehook.vllm.endpoint.PINS_PATH``; a test keeps
 #: the two equal without importing the vLLM adapter here).
 PINS_PATH = "/cachettl/pins/"
 #: Seconds one drop may take to connect and be answered.

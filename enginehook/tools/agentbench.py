@@ -31,16 +31,12 @@ from enginehook.tools.agentrun import (
     DEFAULT_CONFIG,
     TASKS,
     AgentRun,
-    free_port,
     load_agent_config,
     make_sandbox,
     run_agent,
-    start_vllm,
-    stop_process,
-    vllm_ready,
-    wait_for,
 )
 from enginehook.tools.bench import p90
+from enginehook.tools.servers import free_port, start_vllm, stop_process, vllm_ready, wait_for
 
 __all__ = ["AgentBenchConfig", "arrivals", "run_agent_bench", "summarize"]
 

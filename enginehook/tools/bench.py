@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from enginehook.core.rules import SchedulingRules
-from enginehook.vllm.compat import hook_scheduler_cls
+from enginehook.vllm.guards import hook_scheduler_cls
 
 __all__ = ["BenchConfig", "BenchProgram", "make_trace", "run_bench"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from enginehook.core.tokens import read_token
-from enginehook.tools.agentrun import free_port, start_vllm, stop_process, vllm_ready, wait_for
+from enginehook.tools.servers import free_port, start_vllm, stop_process, vllm_ready, wait_for
 
 __all__ = [
     "ClusterEngine",

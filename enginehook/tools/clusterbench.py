@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginehook.tools.agentrun import ControlPlaneProcess, free_port, wait_for
 from enginehook.tools.bench import BenchConfig, BenchProgram, BenchResult, make_trace
 from enginehook.tools.cluster import ClusterEngine, Router
+from enginehook.tools.servers import ControlPlaneProcess, free_port, wait_for
 
 __all__ = ["CLUSTER_SETTINGS", "RealClusterConfig", "run_real_cluster"]
 

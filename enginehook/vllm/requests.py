@@ -14,7 +14,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
 
 from enginehook.config import CpuTierSetting
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from enginehook.core.priority import SortedWaitQueue
 from enginehook.hints.flat import Hints, request_hints
 from enginehook.vllm.detect import detect_tool_call

@@ -16,7 +16,8 @@ vLLM's narrow hooks to it:
   hand each admitted request's pin over to its prefix hit;
 - ``_free_blocks``: a finished turn that ends in a tool call may be pinned;
 - ``_free_request``: the decision goes back in the turn's ``kv_transfer_params``
-  (:mod:`enginehook.hints.replies`), which vLLM writes into the non-streaming reply;
+  (:mod:`enginehook.hints.replies`), which vLLM writes into the non-streaming reply
+  (these two: :class:`~enginehook.vllm.finishing.FinishedTurnHooks`);
 - ``kv_cache_manager.allocate_slots`` (wrapped): release pins under memory pressure;
 - ``reset_prefix_cache`` / ``shutdown``: release every pin first.
 
@@ -46,10 +47,9 @@ from enginehook.core.pins import Pin, ReleaseReason
 from enginehook.core.tracker import CacheSeen
 from enginehook.hints.flat import Hints
 from enginehook.hints.ids import session_id_problem
-from enginehook.hints.replies import REPLY_KEY, pin_reply
 from enginehook.link.coherence import CoherenceLink
-from enginehook.vllm.blocks import take_pinned_blocks
-from enginehook.vllm.compat import check_engine, passthrough_reason
+from enginehook.vllm.finishing import FinishedTurnHooks
+from enginehook.vllm.guards import check_engine, passthrough_reason
 from enginehook.vllm.idle import IdleExpiry, engine_input_queue
 from enginehook.vllm.pin_commands import PinCommands
 from enginehook.vllm.requests import (
@@ -59,21 +59,19 @@ from enginehook.vllm.requests import (
     PREEMPTIONS_ATTR,
     ProgramRequestQueue,
     ToolCallText,
-    finished_turn,
     read_hints,
 )
 from enginehook.vllm.services import HookServices
 
-__all__ = ["CacheTTLAsyncScheduler", "CacheTTLMixin", "CacheTTLScheduler", "ProgramRequestQueue"]
+__all__ = ["CacheTTLAsyncScheduler", "CacheTTLMixin", "CacheTTLScheduler"]
 
-_PINNABLE = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 _HOUSEKEEPING_S = 10.0
 _MIN_PREFILL_TOKENS = 64
 
 logger = logging.getLogger("enginehook")
 
 
-class CacheTTLMixin:
+class CacheTTLMixin(FinishedTurnHooks):
     """The hook; mixed in before ``Scheduler`` or ``AsyncScheduler``. It is the
     controller's :class:`~enginehook.core.lifecycle.EngineHost`."""
 
@@ -316,103 +314,6 @@ class CacheTTLMixin:
             except Exception as exc:
                 self._fault("update_from_output", None, exc)
         return super().update_from_output(scheduler_output, *args, **kwargs)  # type: ignore[misc]
-
-    def _free_blocks(self, request: Request) -> None:
-        if not (self.active and request.session_id and request.status in _PINNABLE):
-            super()._free_blocks(request)  # type: ignore[misc]
-            return
-        taken: list[bool] = []
-        try:
-            finish = self._finished(request, taken)
-        except Exception as exc:
-            self._fault("free_blocks", request.request_id, exc)
-            if not taken:  # vLLM frees the request's blocks as it would without the hook
-                super()._free_blocks(request)  # type: ignore[misc]
-            else:
-                self.requests.pop(request.request_id, None)
-            return
-        if not finish.took:
-            super()._free_blocks(request)  # type: ignore[misc]
-            return
-        if finish.pinned:
-            self.metrics.pinned()
-        elif finish.handle:  # the budget refused the pin
-            self._pool.free_blocks(reversed(finish.handle))
-        del self.requests[request.request_id]
-        self.metrics.set_gauges(pins=len(self.pins), blocks=self.pins.pinned_blocks)
-
-    def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's ``_free_request``, whose ``kv_transfer_params`` (the connector's, if
-        any) gain :data:`~enginehook.hints.replies.REPLY_KEY` when the hook decided this
-        turn's pin in the ``_free_blocks`` it calls (after the connector's
-        ``request_finished``); a turn whose blocks the connector keeps for now, or that the
-        hook did not look at, gains nothing."""
-        before = None
-        try:
-            before = self._pin_before(request)
-        except Exception as exc:
-            self._fault("free_request", request.request_id, exc)
-        params, ec_params = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
-        if before is None:
-            return params, ec_params
-        try:
-            decided = self._pin_decided(request, before)
-        except Exception as exc:
-            self._fault("free_request", request.request_id, exc)
-            return params, ec_params
-        if decided is None:
-            return params, ec_params
-        return {**(params or {}), REPLY_KEY: decided}, ec_params
-
-    def _pin_before(self, request: Request) -> int | None:
-        """The generation of the program's pin before the turn's blocks are freed (0: no
-        pin), or ``None`` when the hook will not decide a pin for this turn."""
-        if not (self.active and request.session_id and request.status in _PINNABLE):
-            return None
-        pin = self.pins.get(request.session_id)
-        return pin.generation if pin is not None else 0
-
-    def _pin_decided(self, request: Request, before: int) -> dict[str, Any] | None:
-        """The decision for the reply: a pin taken since ``before`` (pin generations only
-        grow), else not pinned; ``None`` while the request still holds its blocks."""
-        if request.request_id in self.requests:
-            return None  # a KV connector delays the free: the decision comes later
-        assert request.session_id is not None
-        engine = self.services.engine_id
-        pin = self.pins.get(request.session_id)
-        if pin is None or pin.generation == before:
-            return pin_reply(engine)
-        return pin_reply(engine, pin.ttl_s, pin.expires_at, self.pinned_tokens(pin))
-
-    def _finished(self, request: Request, taken: list[bool]) -> Any:
-        """The controller's part of a finished turn (``taken`` gets an entry once its
-        blocks have been taken for a pin)."""
-        assert request.session_id is not None
-        now = self.clock()
-        turn = finished_turn(
-            request,
-            self._text,
-            tenant=self.cachettl.tenant,
-            cpu_tier=self.services.cpu_tier,
-            block_size=self.block_size,
-            can_free=self._request_blocks_can_be_freed(request),  # type: ignore[attr-defined]
-            now=now,
-        )
-
-        def take() -> tuple[int, list[Any]]:
-            taken.append(True)
-            return self._take_blocks(request)
-
-        finish = self.controller.finished(turn, now, take)
-        # The turn's cached prefix, for the divergence check of the program's next turn.
-        cached = request.block_hashes[: request.num_computed_tokens // self.hash_block_size]
-        self.controller.tracker(self.cachettl.tenant).keep_prefix(request.session_id, cached)
-        return finish
-
-    def _take_blocks(self, request: Request) -> tuple[int, list[Any]]:
-        """The blocks the next turn's prefix hit needs, for a pin (the rest freed now)."""
-        handle = take_pinned_blocks(self.kv_cache_manager, self._pool, request)
-        return len(handle), handle
 
     def _allocate_with_pressure(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         got = [self._allocate(request, *args, **kwargs)]

@@ -12,11 +12,13 @@ from dataclasses import replace
 from typing import Any
 
 from enginehook.config import HookConfig, detect_cpu_tier
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport
+from enginehook.link.base import EventSink
 from enginehook.link.decide import TtlDecider
-from enginehook.link.sinks import EventSink, build_sink
-from enginehook.vllm.metrics import EndpointAccess, HookMetrics, serve_metrics
+from enginehook.link.sinks import build_sink
+from enginehook.vllm.endpoint import EndpointAccess, serve_metrics
+from enginehook.vllm.metrics import HookMetrics
 from enginehook.vllm.pin_commands import PinCommands
 from estimator import Decision, RequestFacts
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from estimator import Decision, HardwareProfile, Models, RequestFacts, get_profile

@@ -55,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.ttl import finite_cap
 from estimator import (

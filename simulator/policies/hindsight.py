@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from estimator import Decision, RequestFacts, SignatureRegistry
 from estimator.policies import CachettlPolicy
 from estimator.ttl import FloatArray, best_ttl_sorted

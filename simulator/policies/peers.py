@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from enginehook.core.rules import SchedulingRules
 from estimator import Decision, RequestFacts
 from simulator.policies.base import (

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from enginehook.core.pressure import PressureRule
 from enginehook.core.rules import SchedulingRules
 from estimator import (

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.wire import seconds
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport
-from enginehook.link.remote import to_program_end, to_tool_call
+from enginehook.link.transport import to_program_end, to_tool_call
 from estimator import DEFAULT_PROFILE, Decision, RequestFacts
 from simulator.policies import Cachettl
 

@@ -21,7 +21,7 @@ from controlplane.storage import Store
 from enginehook.core.pins import ReleaseReason
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport, ToolCallTracker
 from enginehook.link.decide import TtlDecider
-from enginehook.link.remote import to_program_end, to_tool_call
+from enginehook.link.transport import to_program_end, to_tool_call
 from estimator import Decision
 from tests.support import running
 

@@ -35,7 +35,7 @@ from controlplane.storage.schema import HEAD_REVISION
 from controlplane.storage.sql import SqlStore
 from enginehook.core.pins import ReleaseReason
 from enginehook.core.tracker import CacheSeen, ToolCallTracker
-from enginehook.link.remote import to_tool_call
+from enginehook.link.transport import to_tool_call
 from tests.support import ServerThread, running
 
 from .conftest import pg_url

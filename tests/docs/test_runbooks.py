@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from enginehook.tools.agentrun import free_port
+from enginehook.tools.servers import free_port
 from tests.docs.pages import DOCS, ROOT, shell_blocks
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginehook.vllm.compat import hook_scheduler_cls
+from enginehook.vllm.guards import hook_scheduler_cls
 
 BLOCK = 32
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from enginehook.tools.agentrun import free_port, wait_for
-from enginehook.vllm.compat import hook_scheduler_cls
+from enginehook.tools.servers import free_port, wait_for
+from enginehook.vllm.guards import hook_scheduler_cls
 
 __all__ = ["free_port", "settled_events", "start_vllm_server", "vllm_healthy", "wait_for"]
 

@@ -3,7 +3,8 @@
 import pytest
 
 from enginehook.core.admission import BUFFER_PER_PROGRAM, FORCE_RESUME_S, ProgramAdmission
-from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.host import FinishedTurn
+from enginehook.core.lifecycle import PinController
 from enginehook.core.rules import SchedulingRules
 
 

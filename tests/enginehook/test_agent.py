@@ -24,11 +24,13 @@ import pytest
 from enginehook.tools.agentrun import (
     TASKS,
     AgentRun,
-    ControlPlaneProcess,
-    free_port,
     load_agent_config,
     make_sandbox,
     run_agent,
+)
+from enginehook.tools.servers import (
+    ControlPlaneProcess,
+    free_port,
     start_vllm,
     stop_process,
     vllm_ready,

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from enginehook.config import HookConfig
-from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.host import FinishedTurn
+from enginehook.core.lifecycle import PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.vllm.services import HookServices
 from tests.enginehook.hosts import MinimalHost

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from enginehook.tools.agentrun import ControlPlaneProcess, free_port, wait_for
 from enginehook.tools.cluster import ClusterEngine, Router, Turn, chat_turn
+from enginehook.tools.servers import ControlPlaneProcess, free_port, wait_for
 from enginehook.tools.tinymodel import random_words
 
 pytestmark = pytest.mark.slow

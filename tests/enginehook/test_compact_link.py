@@ -12,8 +12,8 @@ from controlplane.records import ToolCall
 from controlplane.service import ControlPlane
 from controlplane.snapshots import RESEND
 from controlplane.storage import create_store
-from enginehook.link.remote import GrpcTransport
 from enginehook.link.snapshot import MissedDeltaError, SnapshotData, models_from_snapshot
+from enginehook.link.transport import GrpcTransport
 from estimator import Level, RequestFacts, get_policy
 from estimator.sketch import GRID_RATIO
 from tests.support import running

@@ -19,13 +19,9 @@ from controlplane.service import ControlPlane
 from controlplane.storage import create_store
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from enginehook.link.decide import TtlDecider
-from enginehook.link.remote import (
-    ControlPlaneLink,
-    EventBuffer,
-    GrpcTransport,
-    to_program_end,
-    to_tool_call,
-)
+from enginehook.link.remote import ControlPlaneLink
+from enginehook.link.spill import EventBuffer
+from enginehook.link.transport import GrpcTransport, to_program_end, to_tool_call
 from tests.support import ServerThread
 
 

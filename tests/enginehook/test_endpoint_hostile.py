@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from enginehook.vllm.metrics import EndpointAccess, HookMetrics, serve_metrics
+from enginehook.vllm.endpoint import EndpointAccess, serve_metrics
+from enginehook.vllm.metrics import HookMetrics
 from enginehook.vllm.pin_commands import PinCommands
 from tests.controlplane.test_cli_tls_metrics import _pki
 

@@ -16,7 +16,7 @@ from controlplane.rpc.client import to_event
 from controlplane.validation import tool_calls
 from enginehook.core.pins import ReleaseReason
 from enginehook.core.tracker import CacheSeen, ToolCallTracker
-from enginehook.link.remote import to_tool_call
+from enginehook.link.transport import to_tool_call
 
 BS = 16
 PREVIOUS = [f"h{i}" for i in range(10)]

@@ -61,7 +61,7 @@ def test_kv_layout_guard():
         SlidingWindowSpec,
     )
 
-    from enginehook.vllm.compat import check_kv_layout
+    from enginehook.vllm.guards import check_kv_layout
 
     full = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=64, dtype=torch.bfloat16)
     window = SlidingWindowSpec(
@@ -99,7 +99,7 @@ def test_the_hook_refuses_admission_it_cannot_carry_out():
     from types import SimpleNamespace
 
     from enginehook.core.rules import SchedulingRules
-    from enginehook.vllm.compat import check_engine
+    from enginehook.vllm.guards import check_engine
 
     engine = SimpleNamespace(
         cachettl=HookConfig(rules=SchedulingRules(admission="thunderagent")),

@@ -11,15 +11,13 @@ import urllib.request
 
 import pytest
 
-from enginehook.core.lifecycle import MAX_PROGRAMS, FinishedTurn, PinController
+from enginehook.core.host import FinishedTurn
+from enginehook.core.lifecycle import PinController
+from enginehook.core.programs import MAX_PROGRAMS
 from enginehook.core.rules import SchedulingRules
-from enginehook.tools.agentrun import PORT_FLOOR, _ephemeral_floor, free_port
-from enginehook.vllm.metrics import (
-    METRICS_MAX_CONNECTIONS,
-    METRICS_THREADS,
-    HookMetrics,
-    serve_metrics,
-)
+from enginehook.tools.servers import PORT_FLOOR, _ephemeral_floor, free_port
+from enginehook.vllm.endpoint import METRICS_MAX_CONNECTIONS, METRICS_THREADS, serve_metrics
+from enginehook.vllm.metrics import HookMetrics
 from tests.enginehook.hosts import MinimalHost
 from tests.enginehook.test_rules import _Fixed
 

@@ -23,7 +23,8 @@ from controlplane.kvhints import (
     retention_envelope,
     to_vllm,
 )
-from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.host import FinishedTurn
+from enginehook.core.lifecycle import PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import PinOutcome, ToolCallReport
 from enginehook.hints.flat import Hints, request_hints

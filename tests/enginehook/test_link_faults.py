@@ -20,8 +20,9 @@ from controlplane.service import ControlPlane
 from enginehook.config import HookConfig
 from enginehook.core.tracker import ProgramEndReport
 from enginehook.link.decide import TtlDecider
-from enginehook.link.remote import ControlPlaneLink, GrpcTransport, is_loopback
+from enginehook.link.remote import ControlPlaneLink
 from enginehook.link.spill import EventBuffer, claim_spill_dir
+from enginehook.link.transport import GrpcTransport, is_loopback
 from tests.controlplane.test_cli_tls_metrics import _pki
 from tests.enginehook.test_cplink import Plane, _call, _free_port, _link, _wait
 from tests.support import ServerThread
@@ -32,7 +33,8 @@ _CHILD = textwrap.dedent(
     """
     import sys, time
     from enginehook.core.tracker import ProgramEndReport
-    from enginehook.link.remote import ControlPlaneLink, GrpcTransport
+    from enginehook.link.remote import ControlPlaneLink
+    from enginehook.link.transport import GrpcTransport
     from enginehook.link.spill import EventBuffer
     from tests.enginehook.test_cplink import _call
 

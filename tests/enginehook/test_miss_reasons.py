@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from controlplane.records import MissReason, NotPinnedCause, PinOutcome, TurnCache
-from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.host import FinishedTurn
+from enginehook.core.lifecycle import PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import (
     PREFIX_BLOCKS_KEPT,

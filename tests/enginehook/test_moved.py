@@ -4,7 +4,8 @@ comes back later."""
 
 from __future__ import annotations
 
-from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.host import FinishedTurn
+from enginehook.core.lifecycle import PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import ToolCallReport
 from estimator import Decision, RequestFacts

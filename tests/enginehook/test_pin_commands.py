@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
-from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.host import FinishedTurn
+from enginehook.core.lifecycle import PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import ToolCallReport
-from enginehook.vllm.metrics import HookMetrics, serve_metrics
+from enginehook.vllm.endpoint import serve_metrics
+from enginehook.vllm.metrics import HookMetrics
 from enginehook.vllm.pin_commands import HISTORY, MAX_PENDING, PinCommands
 from estimator import Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost

@@ -26,13 +26,14 @@ from typing import Any
 
 import pytest
 
-from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.host import FinishedTurn
+from enginehook.core.lifecycle import PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.routing import replica_stats, view_of
 from enginehook.routing.drops import PINS_PATH, PinDrops, check_endpoint
 from enginehook.routing.router import TtlRouter
 from enginehook.routing.rule import Last
-from enginehook.vllm import metrics
+from enginehook.vllm import endpoint, metrics
 from enginehook.vllm.pin_commands import PinCommands
 from estimator import Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
@@ -72,7 +73,7 @@ class _Hook:
         self._stop = False
         self.commands = PinCommands(supported=supported, on_submit=self._wake.set)
         self.lock = threading.Lock()  # the scheduler's: the test reads the controller under it
-        self.server, port = metrics.serve_metrics(
+        self.server, port = endpoint.serve_metrics(
             metrics.HookMetrics(), "127.0.0.1:0", self.commands, token=token, clock=lambda: NOW
         )
         self.url = f"http://127.0.0.1:{port}"
@@ -277,7 +278,7 @@ def test_the_endpoint_travels_in_the_stats_and_bad_ones_are_named() -> None:
     stats = _stats(controller, endpoint="http://10.0.0.7:9400/")
     assert view_of("r1", stats, 1_000.0).pin_endpoint == "http://10.0.0.7:9400"
     assert view_of("r1", _stats(controller), 1_000.0).pin_endpoint is None
-    assert PINS_PATH == metrics.PINS_PATH
+    assert PINS_PATH == endpoint.PINS_PATH
     for bad, message in (
         ("ftp://10.0.0.7:9400", "must be http://HOST:PORT"),
         ("http://:9400", "must be http://HOST:PORT"),

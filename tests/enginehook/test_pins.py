@@ -143,7 +143,7 @@ def test_pin_larger_than_budget_is_refused():
 
 
 def test_lowest_loss_victims_take_waiting_programs_last():
-    from enginehook.core.rules import VICTIMS
+    from enginehook.core.registries import VICTIMS
 
     table, _ = _table()
     table.pin("w", 8, 0.0, 10.0, return_probability=0.0)

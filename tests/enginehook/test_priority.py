@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from enginehook.core.priority import ProgramArrivals, SortedWaitQueue
-from enginehook.core.rules import ORDERINGS
+from enginehook.core.registries import ORDERINGS
 
 PROGRAM = ORDERINGS["program"]
 

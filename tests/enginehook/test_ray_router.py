@@ -28,12 +28,14 @@ from ray.serve.config import (  # type: ignore[import-not-found,unused-ignore]  
     RequestRouterConfig,
 )
 
-from enginehook.core.lifecycle import FinishedTurn, PinController  # noqa: E402
+from enginehook.core.host import FinishedTurn  # noqa: E402
+from enginehook.core.lifecycle import PinController  # noqa: E402
 from enginehook.core.pins import Pin, ReleaseReason  # noqa: E402
 from enginehook.core.rules import SchedulingRules  # noqa: E402
 from enginehook.link.decide import TtlDecider  # noqa: E402
 from enginehook.routing import replica_stats  # noqa: E402
-from enginehook.vllm.metrics import HookMetrics, serve_metrics  # noqa: E402
+from enginehook.vllm.endpoint import serve_metrics  # noqa: E402
+from enginehook.vllm.metrics import HookMetrics  # noqa: E402
 from enginehook.vllm.pin_commands import PinCommands  # noqa: E402
 from estimator import Decision, RequestFacts  # noqa: E402
 

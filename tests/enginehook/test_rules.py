@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from enginehook.config import HookConfig
-from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.host import FinishedTurn
+from enginehook.core.lifecycle import PinController
 from enginehook.core.pins import Pin
 from enginehook.core.pressure import PressureRule
-from enginehook.core.rules import ORDERINGS, VICTIMS, SchedulingRules
+from enginehook.core.registries import ORDERINGS, VICTIMS
+from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import ProgramEndReport
 from estimator import DEFAULT_TTL_CAP_S, Decision, RequestFacts
 from tests.enginehook.hosts import MinimalHost
@@ -306,7 +308,7 @@ def test_by_default_a_new_program_goes_ahead_of_a_pinned_returning_turn() -> Non
 
 
 def test_a_strategy_name_is_registered_once() -> None:
-    from enginehook.core.rules import register_ordering, register_victims
+    from enginehook.core.registries import register_ordering, register_victims
 
     with pytest.raises(ValueError, match="a victim strategy named 'lowest-loss' is already"):
         register_victims("lowest-loss")(VICTIMS["latest-expiry"])

@@ -1,5 +1,5 @@
 """The contract every registered ordering and victim strategy meets
-(enginehook.core.rules.ORDERINGS and VICTIMS, discovered, not listed).
+(enginehook.core.registries.ORDERINGS and VICTIMS, discovered, not listed).
 
 An ordering is a total order that is deterministic: every pair of waiting requests compares,
 no two tie, the request's own priority comes first, and the same history gives the same
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from enginehook.core.pins import Pin
-from enginehook.core.rules import ORDERINGS, VICTIMS
+from enginehook.core.registries import ORDERINGS, VICTIMS
 from simulator.policies import get_scheduling_policy
 from simulator.sim import Simulation
 

@@ -17,7 +17,7 @@ import pytest
 from controlplane.service import ControlPlane
 from enginehook.config import HookConfig
 from enginehook.link.decide import TtlDecider
-from enginehook.link.remote import ControlPlaneLink, GrpcTransport
+from enginehook.link.remote import ControlPlaneLink
 from enginehook.link.spill import (
     OWNER_FILE,
     EventBuffer,
@@ -26,6 +26,7 @@ from enginehook.link.spill import (
     credential_id,
     default_spill_dir,
 )
+from enginehook.link.transport import GrpcTransport
 from tests.enginehook.test_cplink import Plane, _call, _free_port
 
 

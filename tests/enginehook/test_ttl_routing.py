@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from enginehook.core.lifecycle import FinishedTurn, PinController
+from enginehook.core.host import FinishedTurn
+from enginehook.core.lifecycle import PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.routing import (
     STATS_KEY,

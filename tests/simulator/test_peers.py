@@ -1,8 +1,8 @@
 """The 2026 peers: ThunderAgent, llm-d program-aware fairness, SGLang session cache."""
 
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from enginehook.core.pins import Pin
-from enginehook.core.rules import VICTIMS
+from enginehook.core.registries import VICTIMS
 from estimator import RequestFacts
 from simulator.engine import EngineConfig, Request
 from simulator.policies import POLICIES, get_scheduling_policy

@@ -2,7 +2,7 @@
 
 import pytest
 
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from enginehook.core.rules import SchedulingRules
 from estimator import RequestFacts
 from simulator.engine import EngineConfig, Request

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from enginehook.core.lifecycle import FinishedTurn
+from enginehook.core.host import FinishedTurn
 from estimator import RequestFacts
 from simulator.policies import POLICIES, get_scheduling_policy
 from simulator.sim import Simulation
