@@ -149,6 +149,41 @@ def test_a_move_through_one_replica_reaches_watchers_on_both_once(cluster: Clust
         assert on_b.moves.empty()
 
 
+def _watching(replica: Replica, engine: str) -> int:
+    hub = replica.server.server.servicer.coherence
+    return int(replica.server.run(_streams_of(hub, engine)))
+
+
+async def _streams_of(hub: CoherenceHub, engine: str) -> int:
+    return hub.watching("acme").get(engine, 0)
+
+
+def test_a_move_told_between_two_streams_of_the_engine_reaches_the_next_one(
+    cluster: Cluster,
+) -> None:
+    """engine-a's stream on A ends (its connection broke) and engine-a reconnects a moment
+    later: the move reported through B meanwhile is the first thing its new stream reads
+    (it used to be lost, its pin held until its TTL)."""
+    a, b = cluster.a, cluster.b
+    on_a = a.watcher(cluster.token, "engine-a")
+    on_a.ready(b.client, "engine-a")  # through B: A's listener is up
+    assert a.client.report_arrivals("engine-a", [("p1", time.time())]) == 0
+    on_a.close()
+    deadline = time.monotonic() + WAIT_S
+    while _watching(a, "engine-a") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _watching(a, "engine-a") == 0  # the stream ended on A
+    assert b.client.report_arrivals("engine-b", [("p1", time.time())]) == 1
+    time.sleep(0.5)  # the notification reaches A while engine-a has no stream there
+    again = a.watcher(cluster.token, "engine-a")
+    try:
+        assert next_move(again) == ("p1", "engine-b")
+        settle(again, b.client, "after-resume")
+        assert again.moves.empty()
+    finally:
+        again.close()
+
+
 def test_a_return_to_the_same_engine_or_a_refused_arrival_tells_nothing(
     cluster: Cluster,
 ) -> None:
@@ -357,7 +392,7 @@ def test_a_listener_that_fails_unexpectedly_is_logged_and_started_again(
 ) -> None:
     shared = _FailsOnce()
     hub = CoherenceHub(shared=shared, replica="here")
-    caplog.set_level(logging.ERROR, logger="controlplane.rpc.coherence")
+    caplog.set_level(logging.ERROR, logger="controlplane.rpc.moves")
 
     async def first_move() -> Any:
         # asyncio.run closes the stream and cancels the listener when this returns
