@@ -11,8 +11,9 @@ Cost on the scheduler's thread: :meth:`CoherenceLink.arrived` is one ``deque.app
 :meth:`CoherenceLink.moved` one truthiness test when nothing moved. A reporter thread sends
 arrivals in batches every :attr:`~CoherenceLink.interval_s`; a watcher thread follows
 ``WatchMoves`` and reconnects with back-off. Arrivals are hints: when the control plane is
-down they are dropped (counted), never buffered without bound, and the engine falls back to
-what it does without coherence (the pin lives until its TTL).
+down they are dropped (counted; a failed report is tried once more first), never buffered
+without bound, and the engine falls back to what it does without coherence (the pin lives
+until its TTL).
 
 Refusal is per arrival: an arrival whose program id the control plane would refuse (empty,
 over its length limit, with NUL, or not encodable as UTF-8) is left out of its batch and
@@ -153,15 +154,28 @@ class CoherenceLink:
         ]
 
     def _report_loop(self) -> None:
-        failing = False
-        while not self._stop.wait(self.interval_s):
-            while batch := self._take():
+        """Report what arrived every :attr:`interval_s`. A batch whose report fails is tried
+        once more after :attr:`retry_s` (a dropped arrival hides the program's next move
+        for good: its pin would live until its TTL), then dropped (counted)."""
+        failing, retry = False, list[tuple[str, float]]()
+        while not self._stop.wait(self.retry_s if retry else self.interval_s):
+            while batch := retry or self._take():
+                again, retry = bool(retry), []
+                if not again:
+                    batch = self._acceptable(batch)
                 try:
-                    self._report(self._acceptable(batch))
+                    self._report(batch)
                 except Exception as exc:
-                    self.dropped += len(batch)
+                    if again:
+                        self.dropped += len(batch)
+                    else:
+                        retry = batch
                     if not failing:
-                        logger.warning("CacheTTL pin coherence: arrivals not reported: %s", exc)
+                        logger.warning(
+                            "CacheTTL pin coherence: arrivals not reported (%s); tried once "
+                            "more, then dropped",
+                            exc,
+                        )
                     failing = True
                     break
                 failing = False

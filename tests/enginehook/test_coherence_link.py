@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from controlplane.rpc.client import ControlPlaneClient
+from controlplane.rpc.gate import Budgets
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
 from enginehook.link.coherence import CoherenceLink, Moved
@@ -161,3 +162,36 @@ def test_an_arrival_the_server_refuses_alone_is_counted_and_the_rest_move(
     finally:
         a.close()
         b.close()
+
+
+def test_a_report_refused_for_the_moment_is_tried_again_and_its_move_told() -> None:
+    """The control plane refuses a report over the tenant's arrival rate (RESOURCE_EXHAUSTED,
+    nothing applied): the link tries the batch once more a moment later instead of dropping
+    it, so the program's location is known and its move is told."""
+    store = create_store("memory://")
+    plane = ControlPlane(store)
+    _, token = plane.create_tenant("acme")
+    with running(plane, budgets=Budgets(arrivals_per_tenant_s=20)) as server:
+        filler = ControlPlaneClient(server.target, token)
+        woken: list[str] = []
+        a = CoherenceLink(
+            ControlPlaneClient(server.target, token), "engine-a", retry_s=0.5, interval_s=0.05
+        )
+        b = _link(server, token, "engine-b", woken)
+        try:
+            _until_watching(a, b)
+            time.sleep(1.0)  # the bucket refills
+            reported = a.reported
+            filler.report_arrivals("engine-x", [(f"f{i}", time.time()) for i in range(20)])
+            a.arrived("p1", time.time())  # over the rate: refused once, then tried again
+            deadline = time.monotonic() + 5
+            while a.reported == reported and not a.dropped and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert (a.reported - reported, a.dropped) == (1, 0)
+            b.arrived("p1", time.time())
+            assert [p for p, _ in _moved_within(a, 3.0)] == ["p1"]
+        finally:
+            a.close()
+            b.close()
+            filler.close()
+    store.close()
