@@ -9,7 +9,9 @@ Each run: ``--programs`` programs arrive at A (reported through replica 0), the 
 ``--gap-s`` apart; a move's latency runs from B's ``arrived`` to A's link holding the move
 (its watcher thread queued it for the engine). A move not heard within ``--timeout-s`` is a
 miss with that latency. Prints p50/p99/max and the runs whose every move came within
-``--bound-s`` (2 s: the design's promise).
+``--bound-s`` (2 s: the design's promise). ``--reconnect-s S``: A's link is closed before
+B's turns arrive and opened again S seconds later (an engine whose stream broke reconnects
+after a second): the moves told in between must reach its next stream.
 
     .venv/bin/python scripts/bench_coherence.py --runs 20
 """
@@ -23,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
@@ -69,15 +72,8 @@ def run(args: argparse.Namespace) -> int:
         planes[1].token = planes[0].token
         planes[1].start()
         heard = Heard()
-        a = CoherenceLink(
-            ControlPlaneClient(f"127.0.0.1:{planes[0].port}", planes[0].token),
-            "engine-a",
-            on_moved=heard.on_moved,
-        )
-        heard.link = a
-        b = CoherenceLink(
-            ControlPlaneClient(f"127.0.0.1:{planes[1].port}", planes[0].token), "engine-b"
-        )
+        a = heard.link = _link(planes[0], "engine-a", heard.on_moved)
+        b = _link(planes[1], "engine-b")
         links += [a, b]
         _until_watching(a, b, heard)
         latencies, good_runs = [], 0
@@ -86,11 +82,17 @@ def run(args: argparse.Namespace) -> int:
             for program in programs:
                 a.arrived(program, time.time())
             time.sleep(args.idle_s)
+            if args.reconnect_s is not None:
+                a.close()
             sent: dict[str, float] = {}
             for program in programs:
                 sent[program] = time.monotonic()
                 b.arrived(program, time.time())
                 time.sleep(args.gap_s)
+            if args.reconnect_s is not None:
+                time.sleep(args.reconnect_s)
+                a = heard.link = _link(planes[0], "engine-a", heard.on_moved)
+                links.append(a)
             deadline = time.monotonic() + args.timeout_s
             wait_for_all = set(programs)
             while time.monotonic() < deadline and not wait_for_all <= heard.at.keys():
@@ -122,6 +124,13 @@ def run(args: argparse.Namespace) -> int:
         admin.dispose()
 
 
+def _link(
+    plane: ControlPlaneProcess, engine: str, on_moved: Callable[[], None] | None = None
+) -> CoherenceLink:
+    client = ControlPlaneClient(f"127.0.0.1:{plane.port}", plane.token)
+    return CoherenceLink(client, engine, on_moved=on_moved)
+
+
 def _until_watching(a: CoherenceLink, b: CoherenceLink, heard: Heard) -> None:
     """Move probe programs from A to B until A hears one (its stream is registered)."""
     for attempt in range(100):
@@ -145,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap-s", type=float, default=0.3, help="between two moved turns")
     p.add_argument("--bound-s", type=float, default=2.0, help="the promised release time")
     p.add_argument("--timeout-s", type=float, default=10.0, help="a move later is a miss")
+    p.add_argument(
+        "--reconnect-s", type=float, default=None, help="A's stream breaks for this long"
+    )
     return run(p.parse_args(argv))
 
 
