@@ -8,12 +8,12 @@ reports through them too).
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from controlplane.records import ProgramEnd, ToolCall
+from enginehook.core.tokens import is_loopback_host
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from enginehook.link.snapshot import SnapshotData, SnapshotFollower, follow
 
@@ -84,13 +84,7 @@ def is_loopback(target: str) -> bool:
     if target.startswith(("unix:", "unix-abstract:")):
         return True
     host = target.rpartition(":")[0] if ":" in target else target
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(host.strip("[]"))
 
 
 def tls_from_config(config: HookConfig) -> ClientTls | None:

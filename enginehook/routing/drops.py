@@ -38,13 +38,14 @@ when given (else the system's CAs).
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import logging
 import queue
 import ssl
 import threading
 from collections import Counter, OrderedDict
 from urllib.parse import quote, urlsplit
+
+from enginehook.core.tokens import is_loopback_host
 
 __all__ = [
     "DROP_TIMEOUT_S",
@@ -212,7 +213,11 @@ class PinDrops:
                 parts.netloc, timeout=self.timeout_s, context=self._tls
             )
         else:
-            if self.token and not self.allow_plaintext and not _loopback(parts.hostname or ""):
+            if (
+                self.token
+                and not self.allow_plaintext
+                and not is_loopback_host(parts.hostname or "")
+            ):
                 return "insecure", "a token over plain HTTP to a host not on loopback"
             connection = http.client.HTTPConnection(parts.netloc, timeout=self.timeout_s)
         path = f"{parts.path}{PINS_PATH}{quote(program, safe='')}:drop"
@@ -242,12 +247,3 @@ class PinDrops:
                 outcome,
             )
         return outcome
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

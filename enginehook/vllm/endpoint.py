@@ -8,7 +8,6 @@ request (:class:`EndpointServer`)."""
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import socket
 import threading
 import time
@@ -24,6 +23,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from controlplane.kvhints import loads_bounded
+from enginehook.core.tokens import is_loopback_host
 from enginehook.vllm.metrics import HookMetrics
 from enginehook.vllm.pin_commands import BUSY, PinCommands
 
@@ -79,7 +79,7 @@ class EndpointAccess:
 
     def refusal(self, peer: str, scheme: str, authorization: str) -> str | None:
         """Why a command from ``peer`` is refused (``None``: it is not)."""
-        loopback = _loopback(peer)
+        loopback = is_loopback_host(peer)
         if authorization and scheme != "https" and not loopback and not self.allow_plaintext:
             return (
                 f"a token over plain HTTP from {peer} is refused: serve the endpoint with "
@@ -94,13 +94,6 @@ class EndpointAccess:
         if loopback:
             return None
         return "this hook has no pin_command_token: pin commands only from loopback"
-
-
-def _loopback(peer: str) -> bool:
-    try:
-        return ipaddress.ip_address(peer).is_loopback
-    except ValueError:
-        return False
 
 
 class EndpointServer:
