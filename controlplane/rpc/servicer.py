@@ -38,6 +38,7 @@ from controlplane.errors import (
     RevokedError,
     SlowClientError,
     StorageError,
+    clip,
 )
 from controlplane.kvhints import Retention, envelope_to_proto, retention_envelope
 from controlplane.records import LIMITS, MISSES, Limits, MissQuery, Tenant
@@ -139,7 +140,7 @@ def _pins(p: PinCounts) -> inspect_pb2.PinStats:
 def _code(error: Exception) -> tuple[grpc.StatusCode, str]:
     for cls, code, prefix in _CODES:
         if isinstance(error, cls):
-            return code, validation.clip(f"{prefix}{error}")
+            return code, clip(f"{prefix}{error}")
     return grpc.StatusCode.INTERNAL, ""
 
 
