@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from controlplane.records import MAX_PROGRAM_LOCATIONS, Move
 
-__all__ = ["MAX_PROGRAMS", "Location", "Move", "ProgramLocations"]
+__all__ = ["MAX_PROGRAMS", "Location", "ProgramLocations"]
 
 #: Programs whose location is kept per tenant (the least recently arrived go first).
 MAX_PROGRAMS = MAX_PROGRAM_LOCATIONS

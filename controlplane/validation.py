@@ -15,8 +15,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from controlplane import wire
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, ttl_pb2
-from controlplane.errors import MAX_MESSAGE_CHARS, InvalidInputError, clip
-from controlplane.kvhints import quote
+from controlplane.errors import InvalidInputError
 from controlplane.records import (
     LIMITS,
     Limits,
@@ -30,14 +29,11 @@ from controlplane.records import (
 from estimator import RequestFacts
 
 __all__ = [
-    "MAX_MESSAGE_CHARS",
     "check_name",
-    "clip",
     "decide_request",
     "distribution_request",
     "misses_request",
     "program_end",
-    "quote",
     "tool_calls",
 ]
 

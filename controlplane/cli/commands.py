@@ -1,9 +1,9 @@
 """`cachettl` subcommands of this package (registered by `controlplane.cli`).
 
-``serve``, ``db upgrade``, ``tenants create|list|revoke|rotate``, ``tools list|show``,
-``misses`` and ``bench controlplane``. Inspection commands read the database directly
-(the same code the server's InspectService runs), so they work with or without a running
-server.
+``serve``, ``db upgrade``, ``tenants create|list|revoke|rotate``
+(:mod:`controlplane.cli.tenants`), ``tools list|show``, ``misses`` and ``bench
+controlplane``. Inspection commands read the database directly (the same code the server's
+InspectService runs), so they work with or without a running server.
 """
 
 from __future__ import annotations
@@ -13,36 +13,14 @@ import os
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from controlplane.cli.database import add_db, db_url
+from controlplane.cli.tenants import register_tenants
 from estimator import DEFAULT_PROFILE, DEFAULT_TTL_CAP_S
 
-__all__ = ["default_db_url", "register"]
+__all__ = ["register"]
 
 _SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 POLICY_CHOICES = ("continuum", "cachettl")
-
-
-def default_db_url() -> str:
-    """``$CACHETTL_DB``, else an SQLite file in the user's data directory."""
-    env = os.environ.get("CACHETTL_DB")
-    if env:
-        return env
-    from platformdirs import user_data_dir
-
-    return f"sqlite:///{Path(user_data_dir('cachettl')) / 'cachettl.sqlite3'}"
-
-
-def _add_db(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--db",
-        default=None,
-        metavar="URL",
-        help="sqlite:///PATH, postgresql://USER@HOST:PORT/DB or memory:// "
-        "(default: $CACHETTL_DB, else cachettl.sqlite3 in the user's data directory)",
-    )
-
-
-def _db(args: argparse.Namespace) -> str:
-    return str(args.db or default_db_url())
 
 
 def _add_name_limits(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +48,7 @@ def register(commands: _SubParsers, bench: _SubParsers) -> None:
     """Add this package's subcommands to `cachettl` and `cachettl bench`."""
     _register_serve(commands)
     _register_db(commands)
-    _register_tenants(commands)
+    register_tenants(commands)
     _register_tools(commands)
     _register_misses(commands)
     from controlplane.cli.bench import register_bench
@@ -85,7 +63,7 @@ def register(commands: _SubParsers, bench: _SubParsers) -> None:
 
 def _register_serve(commands: _SubParsers) -> None:
     p = commands.add_parser("serve", help="run the control-plane gRPC server")
-    _add_db(p)
+    add_db(p)
     p.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT")
     p.add_argument("--policy", choices=POLICY_CHOICES, default="cachettl")
     p.add_argument(
@@ -157,7 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin set-up chatter
     limits = NameLimits(args.max_tools_per_tenant, args.max_signatures_per_tenant)
     budgets, auth = admission_from_args(args)
-    store = create_store(_db(args))
+    store = create_store(db_url(args))
     plane = ControlPlane(
         store,
         args.policy,
@@ -199,7 +177,7 @@ def _register_db(commands: _SubParsers) -> None:
     p = commands.add_parser("db", help="database maintenance")
     sub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     up = sub.add_parser("upgrade", help="upgrade the schema to this version's revision")
-    _add_db(up)
+    add_db(up)
     up.set_defaults(handler=_db_upgrade)
 
 
@@ -207,7 +185,7 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     from controlplane.storage.migrate import upgrade
     from controlplane.storage.sql import SqlStore
 
-    url = _db(args)
+    url = db_url(args)
     if url == "memory://":
         raise ValueError("--db: memory:// has no schema to upgrade")
     store = SqlStore(url, check_schema=False)
@@ -216,164 +194,6 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(f"schema {before or 'empty'} -> {after}")
-    return 0
-
-
-# -- tenants ----------------------------------------------------------------------------
-
-
-def _register_tenants(commands: _SubParsers) -> None:
-    p = commands.add_parser("tenants", help="create, list, revoke tenants and rotate tokens")
-    sub = p.add_subparsers(dest="tenants_command", metavar="ACTION", required=True)
-    create = sub.add_parser(
-        "create",
-        help="add a tenant and print its bearer token",
-        description="Add a tenant and print its bearer token, once (only its hash is "
-        "stored). A tenant that exists is refused and nothing is written: its token cannot "
-        "be shown again; `cachettl tenants rotate NAME` issues a new one. Note that the "
-        "shell empties a file redirected to (`> FILE`) before the command runs, refused or "
-        "not: --token-file FILE writes the token only once the tenant exists.",
-    )
-    create.add_argument("name")
-    create.add_argument(
-        "--share", action="store_true", help="feed (and use) cross-tenant per-tool priors"
-    )
-    listing = sub.add_parser("list", help="list tenants")
-    revoke = sub.add_parser(
-        "revoke",
-        help="disable a tenant's token",
-        description="Disable the tenant's token (its data stays). Servers refuse it and end "
-        "its open streams within seconds. `cachettl tenants rotate NAME` re-issues one.",
-    )
-    revoke.add_argument("name")
-    rotate = sub.add_parser(
-        "rotate",
-        help="issue a tenant a new bearer token (the old one stops working)",
-        description="Issue the tenant a new bearer token and print it, once. The old token "
-        "stops working at once: servers refuse it and end the streams opened with it "
-        "(engines reconnect with the new token once their token file holds it). A revoked "
-        "tenant is active again with the new token. Its data stays.",
-    )
-    rotate.add_argument("name")
-    for parser in (create, rotate):
-        parser.add_argument(
-            "--token-file",
-            type=Path,
-            default=None,
-            metavar="FILE",
-            help="write the token to FILE (mode 0600, replaced whole) instead of stdout; "
-            "nothing is written when the command is refused",
-        )
-    for parser, handler in (
-        (create, _tenants_create),
-        (listing, _tenants_list),
-        (revoke, _tenants_revoke),
-        (rotate, _tenants_rotate),
-    ):
-        _add_db(parser)
-        parser.set_defaults(handler=handler)
-
-
-def _emit_token(token: str, path: Path | None) -> None:
-    """Print the token, or write it to ``path`` whole (a temporary file renamed over it,
-    readable by its owner only)."""
-    if path is None:
-        print(token, flush=True)
-        return
-    import tempfile
-
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(token + "\n")
-        os.chmod(temporary, 0o600)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def _check_token_file(path: Path | None) -> None:
-    if path is None:
-        return
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ValueError(f"--token-file: folder {str(folder)!r} does not exist")
-    if path.is_dir():
-        raise ValueError(f"--token-file: {str(path)!r} is a folder")
-
-
-def _tenants_create(args: argparse.Namespace) -> int:
-    from controlplane.errors import TenantExistsError
-    from controlplane.service import ControlPlane
-    from controlplane.storage import create_store
-
-    _check_token_file(args.token_file)
-    store = create_store(_db(args))
-    try:
-        _, token = ControlPlane(store).create_tenant(args.name, args.share)
-    except TenantExistsError as error:
-        raise ValueError(
-            f"{error}; nothing written (its token is stored only hashed and cannot be shown "
-            f"again): `cachettl tenants rotate {args.name}` issues a new one"
-        ) from None
-    finally:
-        store.close()
-    _emit_token(token, args.token_file)
-    return 0
-
-
-def _tenants_rotate(args: argparse.Namespace) -> int:
-    from controlplane.errors import TenantNotFoundError
-    from controlplane.service import ControlPlane
-    from controlplane.storage import create_store
-
-    _check_token_file(args.token_file)
-    store = create_store(_db(args))
-    try:
-        _, token = ControlPlane(store).rotate_token(args.name)
-    except TenantNotFoundError as error:
-        raise ValueError(f"{error}; nothing written") from None
-    finally:
-        store.close()
-    _emit_token(token, args.token_file)
-    return 0
-
-
-def _tenants_list(args: argparse.Namespace) -> int:
-    import time
-
-    from controlplane.cli.toolview import printable
-    from controlplane.storage import create_store
-
-    store = create_store(_db(args))
-    try:
-        tenants = store.list_tenants()
-    finally:
-        store.close()
-    print(f"{'NAME':<24} {'SHARE':<6} {'STATUS':<8} CREATED")
-    for t in tenants:
-        status = "revoked" if t.revoked_at is not None else "active"
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t.created_at))
-        print(f"{printable(t.name):<24} {'yes' if t.share else 'no':<6} {status:<8} {created}")
-    return 0
-
-
-def _tenants_revoke(args: argparse.Namespace) -> int:
-    import time
-
-    from controlplane.errors import TenantNotFoundError
-    from controlplane.storage import create_store
-
-    store = create_store(_db(args))
-    try:
-        store.revoke_tenant(args.name, time.time())
-    except TenantNotFoundError as error:
-        raise ValueError(str(error)) from None
-    finally:
-        store.close()
-    print(f"revoked {args.name}")
     return 0
 
 
@@ -389,7 +209,7 @@ def _register_tools(commands: _SubParsers) -> None:
     show.add_argument("--args", default="", metavar="SIG", help="tool arguments (invocation)")
     show.add_argument("--png", type=Path, default=None, metavar="FILE", help="draw the CDF")
     for parser in (listing, show):
-        _add_db(parser)
+        add_db(parser)
         parser.add_argument("--tenant", default="default", help="tenant name")
         parser.add_argument("--policy", choices=POLICY_CHOICES, default="cachettl")
         parser.add_argument("--min-samples", type=int, default=100)
@@ -403,7 +223,7 @@ def _tools_handler(action: str) -> Any:
     def handler(args: argparse.Namespace) -> int:
         from controlplane.cli import toolview
 
-        return toolview.run(action, args, _db(args))
+        return toolview.run(action, args, db_url(args))
 
     return handler
 
@@ -415,7 +235,7 @@ def _register_misses(commands: _SubParsers) -> None:
     p = commands.add_parser(
         "misses", help="recent turns that missed their previous turn's cache, and why"
     )
-    _add_db(p)
+    add_db(p)
     p.add_argument("--tenant", default="default", help="tenant name")
     p.add_argument("--tool", default=None, help="only this tool's turns")
     p.add_argument("--session", default=None, metavar="PROGRAM", help="only this program's")
@@ -432,4 +252,4 @@ def _register_misses(commands: _SubParsers) -> None:
 def _misses(args: argparse.Namespace) -> int:
     from controlplane.cli import missview
 
-    return missview.run(args, _db(args))
+    return missview.run(args, db_url(args))

@@ -18,7 +18,7 @@ from controlplane.service import ControlPlane
 from controlplane.storage import create_store
 from estimator import RequestFacts
 
-__all__ = ["TYPICAL_CONTEXTS", "printable", "run"]
+__all__ = ["TYPICAL_CONTEXTS", "run"]
 
 #: Context sizes (tokens) for which `tools show` prints the policy's TTL.
 TYPICAL_CONTEXTS = (2_000, 8_000, 32_000, 128_000)

@@ -41,7 +41,7 @@ from controlplane._gen.cachettl.v1 import (
     ttl_pb2_grpc,
 )
 from controlplane.kvhints import envelope_from_proto
-from controlplane.records import MissReason, PinOutcome, ToolCall, TurnCache
+from controlplane.records import MissReason, ToolCall, TurnCache
 from controlplane.snapshots import MAX_SNAPSHOT_BYTES
 from controlplane.wire import duration, seconds, timestamp
 from estimator import RequestFacts
@@ -49,12 +49,9 @@ from estimator import RequestFacts
 __all__ = [
     "ClientTls",
     "ControlPlaneClient",
-    "MissReason",
-    "PinOutcome",
     "RecordResult",
     "ToolCall",
     "TtlDecision",
-    "TurnCache",
     "to_decide_request",
     "to_event",
 ]

@@ -28,24 +28,13 @@ from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
 from controlplane.errors import InvalidInputError
 from controlplane.records import LIMITS, Tenant
 from controlplane.rpc.gate import Gate
-from controlplane.rpc.moves import (
-    RESUME_S,
-    SERVER_MOVES,
-    STREAM_MOVES,
-    TENANT_MOVES,
-    CoherenceHub,
-)
+from controlplane.rpc.moves import CoherenceHub
 from controlplane.service import ControlPlane
 from controlplane.storage.locations import shared_locations
 from controlplane.validation import check_known, check_name, timestamp_s
 
 __all__ = [
     "AHEAD_S",
-    "RESUME_S",
-    "SERVER_MOVES",
-    "STREAM_MOVES",
-    "TENANT_MOVES",
-    "CoherenceHub",
     "CoherenceMethods",
     "Report",
     "arrivals",

@@ -22,7 +22,7 @@ from sqlalchemy import create_engine, text
 
 from controlplane.records import Move
 from controlplane.rpc.client import ControlPlaneClient
-from controlplane.rpc.coherence import CoherenceHub
+from controlplane.rpc.moves import CoherenceHub
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
 from controlplane.storage.locations import Published, SharedLocations, channel_of

@@ -6,10 +6,14 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from controlplane.errors import InvalidInputError, StorageError, TenantNotFoundError
+from controlplane.errors import (
+    MAX_MESSAGE_CHARS,
+    InvalidInputError,
+    StorageError,
+    TenantNotFoundError,
+)
 from controlplane.rpc.servicer import _code
 from controlplane.storage import Store
-from controlplane.validation import MAX_MESSAGE_CHARS
 
 HUGE = "x" * 20_000_000
 SHORT = MAX_MESSAGE_CHARS + 100

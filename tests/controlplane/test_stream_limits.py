@@ -20,7 +20,8 @@ from controlplane._gen.cachettl.v1 import cluster_pb2, cluster_pb2_grpc
 from controlplane.records import Move, PinOutcome, ToolCall
 from controlplane.rpc.auth import AuthOptions
 from controlplane.rpc.client import ControlPlaneClient
-from controlplane.rpc.coherence import AHEAD_S, CoherenceHub
+from controlplane.rpc.coherence import AHEAD_S
+from controlplane.rpc.moves import CoherenceHub
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
 
