@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from estimator import DEFAULT_PROFILE, HardwareProfile, get_profile
@@ -33,6 +34,8 @@ __all__ = [
     "calibration_from_log",
     "convert_trace",
     "fit_step_timer",
+    "measure_steps",
+    "read_calibration",
 ]
 
 #: The cost-model profile the hook starts from (``HookConfig.profile``).
@@ -303,3 +306,61 @@ def __getattr__(name: str) -> Any:
         globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- measuring on the CPU engine ----------------------------------------------------------
+
+
+def _tool_sleeps(programs: Sequence[Any]) -> dict[str, float]:
+    return {
+        f"{p.pid}-{k}": turn.tool_s
+        for p in programs
+        for k, turn in enumerate(p.turns)
+        if k < len(p.turns) - 1
+    }
+
+
+async def _calibrate(config: Any, model: Path, programs: Sequence[Any], log: Path) -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from enginehook.tools import bench
+
+    args = bench._engine_args(
+        config, model, None, scheduler_cls="simulator.studies.calibration.TimedScheduler"
+    )
+    os.environ[LOG_ENV] = str(log)
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+    try:
+        warm = bench.make_trace(bench.BenchConfig(programs=2, seed=99), 0.01)
+        await bench._replay(engine, warm, 99)
+        await engine.reset_prefix_cache()
+        with log.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"kind": "mark"}) + "\n")
+        await bench._replay(engine, list(programs), config.seed)
+    finally:
+        engine.shutdown()
+        os.environ.pop(LOG_ENV, None)
+
+
+def measure_steps(config: Any, model: Path, programs: Sequence[Any], log: Path) -> Calibration:
+    """Replay ``programs`` once on the stock scheduler with step logging; the calibration
+    from the replay after the warm-up (``log`` receives the raw records)."""
+    import asyncio
+
+    log.write_text("")
+    asyncio.run(_calibrate(config, model, programs, log))
+    return read_calibration(log, programs)
+
+
+def read_calibration(log: Path, programs: Sequence[Any]) -> Calibration:
+    """The calibration in a step log written by :func:`measure_steps`."""
+    try:
+        text = log.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"cannot read step log {str(log)!r}: {error.strerror}") from None
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    marks = [i for i, r in enumerate(records) if r["kind"] == "mark"]
+    limits = [r for r in records if r["kind"] == "limits"]
+    measured = limits + records[marks[-1] + 1 :] if marks else records
+    return calibration_from_log(measured, _tool_sleeps(programs))

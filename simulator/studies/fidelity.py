@@ -1,12 +1,11 @@
 """``cachettl bench fidelity``: does the simulator predict the CPU engine?
 
-1. **Measure** step times: the saturated trace of ``cachettl bench vllm`` is replayed once
-   on the stock scheduler wrapped by ``simulator.studies.calibration.TimedScheduler``, which logs
-   every step (prefill chunks with their
-   cached context, decodes, KV context read), every request's arrival and finish, and the
-   scheduler's limits.
-2. **Fit** a :class:`FittedStepTimer` to the steps, and the client's own time per turn.
-3. **Convert** the bench's programs into simulator programs (:func:`convert_trace`).
+1. **Measure** step times (:mod:`simulator.studies.calibration`): the saturated trace of
+   ``cachettl bench vllm`` is replayed once on the stock scheduler wrapped by its
+   ``TimedScheduler``, which logs every step (prefill chunks with their cached context,
+   decodes, KV context read), every request's arrival and finish, and the scheduler's limits.
+2. **Fit** a ``FittedStepTimer`` to the steps, and the client's own time per turn.
+3. **Convert** the bench's programs into simulator programs (``convert_trace``).
 4. **Predict** the stock-vs-hook mean-JCT ratio: ``vllm`` for the stock scheduler,
    ``cachettl`` set up as the bench's hook (:func:`hook_policy`) with the hook's cost model
    and its models carried from one replay to the next, as the hook's engine keeps them.
@@ -28,26 +27,15 @@ from estimator import get_profile
 from simulator.steptime import StepTimer
 from simulator.studies.calibration import (
     HOOK_PROFILE,
-    LOG_ENV,
     Calibration,
-    FittedStepTimer,
-    StepSample,
-    calibration_from_log,
     convert_trace,
     fit_step_timer,
+    measure_steps,
+    read_calibration,
 )
 from simulator.trace import Program
 
-__all__ = [
-    "FittedStepTimer",
-    "HookPolicy",
-    "StepSample",
-    "calibration_from_log",
-    "convert_trace",
-    "fit_step_timer",
-    "hook_policy",
-    "predict",
-]
+__all__ = ["HookPolicy", "engine_config", "hook_policy", "predict"]
 
 
 @dataclass(frozen=True)
@@ -104,61 +92,6 @@ def hook_policy(config: Any) -> HookPolicy:
 
 
 # -- measuring, predicting, comparing ---------------------------------------------------
-
-
-def _tool_sleeps(programs: Sequence[Any]) -> dict[str, float]:
-    return {
-        f"{p.pid}-{k}": turn.tool_s
-        for p in programs
-        for k, turn in enumerate(p.turns)
-        if k < len(p.turns) - 1
-    }
-
-
-async def _calibrate(config: Any, model: Path, programs: Sequence[Any], log: Path) -> None:
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    from enginehook.tools import bench
-
-    args = bench._engine_args(
-        config, model, None, scheduler_cls="simulator.studies.calibration.TimedScheduler"
-    )
-    os.environ[LOG_ENV] = str(log)
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
-    try:
-        warm = bench.make_trace(bench.BenchConfig(programs=2, seed=99), 0.01)
-        await bench._replay(engine, warm, 99)
-        await engine.reset_prefix_cache()
-        with log.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"kind": "mark"}) + "\n")
-        await bench._replay(engine, list(programs), config.seed)
-    finally:
-        engine.shutdown()
-        os.environ.pop(LOG_ENV, None)
-
-
-def measure_steps(config: Any, model: Path, programs: Sequence[Any], log: Path) -> Calibration:
-    """Replay ``programs`` once on the stock scheduler with step logging; the calibration
-    from the replay after the warm-up (``log`` receives the raw records)."""
-    import asyncio
-
-    log.write_text("")
-    asyncio.run(_calibrate(config, model, programs, log))
-    return read_calibration(log, programs)
-
-
-def read_calibration(log: Path, programs: Sequence[Any]) -> Calibration:
-    """The calibration in a step log written by :func:`measure_steps`."""
-    try:
-        text = log.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ValueError(f"cannot read step log {str(log)!r}: {error.strerror}") from None
-    records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    marks = [i for i, r in enumerate(records) if r["kind"] == "mark"]
-    limits = [r for r in records if r["kind"] == "limits"]
-    measured = limits + records[marks[-1] + 1 :] if marks else records
-    return calibration_from_log(measured, _tool_sleeps(programs))
 
 
 def engine_config(limits: dict[str, int], block_size: int, blocks: int, max_num_seqs: int) -> Any:

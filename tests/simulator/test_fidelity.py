@@ -11,17 +11,15 @@ from enginehook.config import HookConfig
 from enginehook.tools.bench import BenchConfig, make_trace
 from estimator import get_policy
 from simulator.policies import Cachettl
-from simulator.studies.fidelity import (
+from simulator.studies.calibration import (
     FittedStepTimer,
     StepSample,
     calibration_from_log,
     convert_trace,
-    engine_config,
     fit_step_timer,
-    hook_policy,
-    predict,
     read_calibration,
 )
+from simulator.studies.fidelity import engine_config, hook_policy, predict
 
 TRUE = (2e-3, 3e-4, 1e-5, 5e-9, 2e-8)
 

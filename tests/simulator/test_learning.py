@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.cli import main
-from simulator.studies.learning import TOLERANCE, Curve, adaptation
+from simulator.studies.adaptation import TOLERANCE, Curve, adaptation
 
 
 def test_samples_to_adapt_is_where_the_error_stays_within() -> None:
@@ -76,7 +76,7 @@ def test_cachettl_takes_the_detector_and_the_drift_prior() -> None:
 
 
 def test_the_floor_knows_the_change_and_only_estimates_its_scale() -> None:
-    from simulator.studies.learning import FLOOR
+    from simulator.studies.adaptation import FLOOR
 
     curves = adaptation(6.0, 600, 20, 3, [FLOOR, "no forgetting"])
     assert set(curves) == {FLOOR, "no forgetting", "no forgetting + blend"}  # no blend row
