@@ -10,11 +10,20 @@ test; the two arms' replays alternate (``runs`` each, the arm's prefix caches re
 that background load on a shared machine hits both alike. Reports per policy and run: mean
 and P90 JCT, new programs' first-turn wait P90, the prefix-hit share, and the hook/stock
 ratios with their median over runs.
+
+The policy :data:`PROGRAM_SCHEDULING` is vllm-router's program scheduling
+(``--enable-program-scheduling``, its ``docs/program_scheduling.md``): both arms' routers run
+it with :func:`program_scheduling_config` (the documented deployment settings, the engine's KV
+pool as each target's token capacity), and every turn names its program the canonical way,
+``vllm_xargs.agentic_context`` (``program_id``, ``step_id``; ``expected_resume`` false on the
+last turn). vLLM itself refuses that object (``vllm_xargs`` values are strings or numbers);
+both arms' engines run the session middleware, which takes it out before vLLM reads the body.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import threading
@@ -28,13 +37,24 @@ from enginehook.tools.bench import BenchConfig, BenchProgram, BenchResult, make_
 from enginehook.tools.cluster import ClusterEngine, Router
 from enginehook.tools.servers import ControlPlaneProcess, free_port, wait_for
 
-__all__ = ["CLUSTER_SETTINGS", "RealClusterConfig", "run_real_cluster"]
+__all__ = [
+    "CLUSTER_SETTINGS",
+    "PROGRAM_SCHEDULING",
+    "RealClusterConfig",
+    "program_scheduling_config",
+    "run_real_cluster",
+]
 
 _VOCAB = (9, 2000)  # the tiny tokenizer's plain-word ids, as the engine bench draws them
 
 #: Hook settings engines behind a router need on top of the engine bench's: none, the engine's
 #: defaults already put new programs' first turns ahead of pinned returning turns.
 CLUSTER_SETTINGS: dict[str, Any] = {}
+
+#: The policy name of vllm-router's program scheduling, its request-level fallback the
+#: router's default policy (no request of the bench goes without a program).
+PROGRAM_SCHEDULING = "program_scheduling"
+_FALLBACK = "cache_aware"
 
 
 @dataclass
@@ -55,7 +75,32 @@ class RealClusterConfig:
     hook_settings: dict[str, Any] = field(default_factory=lambda: dict(CLUSTER_SETTINGS))
 
 
-def _program(base_url: str, program: BenchProgram, seed: int, out: BenchResult) -> None:
+def program_scheduling_config(trace: BenchConfig) -> dict[str, Any]:
+    """``--program-scheduling-config-json``: the router doc's recommended deployment
+    (``global_queue``, MRU resume, 1 s observations), each target's token capacity the
+    engine's KV pool, and a new program bound to the target with the fewest programs (the
+    simulator's reading, ``simulator/cluster/progsched.py``). The cost models are the router's
+    reference calibration (it warns so at start)."""
+    return {
+        "global_queue": True,
+        "resume_order": "mru",
+        "metrics_interval_seconds": 1.0,
+        "token_capacity_per_target": trace.blocks * trace.block_size,
+        "binding_strategy": "least_program_count",
+    }
+
+
+def _router(config: RealClusterConfig, policy: str, urls: list[str], work: Path) -> Router:
+    if policy != PROGRAM_SCHEDULING:
+        return Router(policy, urls, work)
+    settings = json.dumps(program_scheduling_config(config.trace), separators=(",", ":"))
+    flags = ("--enable-program-scheduling", "--program-scheduling-config-json", settings)
+    return Router(_FALLBACK, urls, work, extra=flags)
+
+
+def _program(
+    base_url: str, program: BenchProgram, seed: int, out: BenchResult, agentic: bool = False
+) -> None:
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600)
@@ -65,7 +110,12 @@ def _program(base_url: str, program: BenchProgram, seed: int, out: BenchResult) 
     for k, turn in enumerate(program.turns):
         context += [rng.randrange(*_VOCAB) for _ in range(turn.input_tokens)]
         last = k == len(program.turns) - 1
-        hints = {"last_turn": 1} if last else {"tool": "bash", "tool_args": turn.tool_args}
+        hints: dict[str, Any] = (
+            {"last_turn": 1} if last else {"tool": "bash", "tool_args": turn.tool_args}
+        )
+        if agentic:  # vllm-router's program identity
+            step = {"program_id": program.pid, "step_id": k, "expected_resume": not last}
+            hints["agentic_context"] = step
         submitted = time.monotonic()
         first: float | None = None
         usage: Any = None
@@ -98,14 +148,16 @@ def _program(base_url: str, program: BenchProgram, seed: int, out: BenchResult) 
     out.jct_s.append(time.monotonic() - started)
 
 
-def _replay(base_url: str, trace: list[BenchProgram], seed: int) -> BenchResult:
+def _replay(
+    base_url: str, trace: list[BenchProgram], seed: int, agentic: bool = False
+) -> BenchResult:
     result = BenchResult()
     lock = threading.Lock()
 
     def run(program: BenchProgram) -> None:
         time.sleep(program.arrival_s)
         mine = BenchResult()
-        _program(base_url, program, seed, mine)
+        _program(base_url, program, seed, mine, agentic)
         with lock:
             result.jct_s += mine.jct_s
             result.first_wait_s += mine.first_wait_s
@@ -150,18 +202,22 @@ def _policy(
     (stock first on even runs) so that background load on a shared machine hits both alike."""
     trace = make_trace(config.trace, config.compress)
     routers = {
-        name: Router(policy, [e.url for e in engines], work) for name, engines in arms.items()
+        name: _router(config, policy, [e.url for e in engines], work)
+        for name, engines in arms.items()
     }
+    agentic = policy == PROGRAM_SCHEDULING
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     try:
         for router in routers.values():
             router.start()
-            _replay(router.url, make_trace(BenchConfig(programs=2, seed=99), 0.01), 99)
+            _replay(router.url, make_trace(BenchConfig(programs=2, seed=99), 0.01), 99, agentic)
         for run in range(config.runs):
             order = ["stock", "hook"] if run % 2 == 0 else ["hook", "stock"]
             for name in order:
                 _reset(arms[name])
-                summary = _replay(routers[name].url, trace, config.trace.seed + run).summary()
+                seed, load = config.trace.seed + run, os.getloadavg()[0]
+                summary = _replay(routers[name].url, trace, seed, agentic).summary()
+                summary["load_1m"] = round(load, 2)  # at the replay's start
                 runs[name].append(summary)
                 print(f"{name} {policy} run {run}: {summary}", flush=True)
     finally:
@@ -175,6 +231,7 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
     policy, ``runs`` runs each; the report as a JSON-ready dict."""
     from enginehook.tools.tinymodel import build_tiny_llama
 
+    load_start = [round(x, 2) for x in os.getloadavg()]
     work = Path(config.work or "out/cluster-real")
     work.mkdir(parents=True, exist_ok=True)
     model = build_tiny_llama(Path(config.model_dir or work / "tiny-llama"))
@@ -208,7 +265,15 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
         for engine in every:
             engine.stop()
         plane.stop()
-    report: dict[str, Any] = {"config": asdict(config), "policies": {}}
+    report: dict[str, Any] = {
+        "config": asdict(config),
+        "load_start": load_start,
+        "load_end": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+        "policies": {},
+    }
+    if PROGRAM_SCHEDULING in config.policies:
+        report["program_scheduling_config"] = program_scheduling_config(config.trace)
     for policy in config.policies:
         ratios = [
             {
