@@ -42,6 +42,7 @@ __all__ = [
     "PROGRAM_SCHEDULING",
     "RealClusterConfig",
     "program_scheduling_config",
+    "router_for",
     "run_real_cluster",
 ]
 
@@ -90,7 +91,9 @@ def program_scheduling_config(trace: BenchConfig) -> dict[str, Any]:
     }
 
 
-def _router(config: RealClusterConfig, policy: str, urls: list[str], work: Path) -> Router:
+def router_for(config: RealClusterConfig, policy: str, urls: list[str], work: Path) -> Router:
+    """The router of ``policy`` in front of ``urls`` (not started); :data:`PROGRAM_SCHEDULING`
+    is the router's default policy with program scheduling on."""
     if policy != PROGRAM_SCHEDULING:
         return Router(policy, urls, work)
     settings = json.dumps(program_scheduling_config(config.trace), separators=(",", ":"))
@@ -202,7 +205,7 @@ def _policy(
     (stock first on even runs) so that background load on a shared machine hits both alike."""
     trace = make_trace(config.trace, config.compress)
     routers = {
-        name: _router(config, policy, [e.url for e in engines], work)
+        name: router_for(config, policy, [e.url for e in engines], work)
         for name, engines in arms.items()
     }
     agentic = policy == PROGRAM_SCHEDULING
