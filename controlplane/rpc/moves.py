@@ -26,11 +26,12 @@ whose stream is dropped reconnects; the pins it was not told of live until their
 they would without this service; so do those whose move was published while the replica's
 listening connection was down (it reconnects with backoff).
 
-A stream that ends otherwise (the engine's connection broke, the engine is reconnecting)
-costs its engine nothing if the engine is back within :data:`RESUME_S`: the moves away from
-it meanwhile are kept (coalesced per program, at most :data:`STREAM_MOVES`) and are the first
-its next stream here reads; the replica keeps listening to the others for as long. Without
-this a move told in the gap between two streams was lost, and its pin held until its TTL.
+A stream that ends otherwise (a broken connection, an engine reconnecting) costs its engine
+nothing if it is back within :data:`RESUME_S`: the moves away from it meanwhile are kept
+(:mod:`controlplane.rpc.kept`) and are the first its next stream here reads; the replica
+keeps listening to the others for as long. Kept moves count toward the tenant's and the
+server's bounds and give way first: at a bound a move for an engine away is not kept, and a
+watching stream's move frees the oldest kept one before any stream is dropped.
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
 from controlplane.coherence import ProgramLocations
 from controlplane.errors import OverloadedError
 from controlplane.records import Move, Tenant
+from controlplane.rpc.kept import RESUME_S, KeptMoves
 from controlplane.storage.locations import RETRY_FIRST_S, SharedLocations
 from controlplane.wire import timestamp
 
-__all__ = ["RESUME_S", "SERVER_MOVES", "STREAM_MOVES", "TENANT_MOVES", "CoherenceHub"]
+__all__ = ["SERVER_MOVES", "STREAM_MOVES", "TENANT_MOVES", "CoherenceHub"]
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +73,6 @@ MAINTAIN_EVERY_S = 1.0
 #: Moves queued per turn of the event loop (a full report is queued in slices, so that
 #: other calls, decisions above all, are answered in between).
 TELL_SLICE = 100
-#: Moves away from an engine whose stream here ended are kept this long for its next
-#: stream (seconds; the engine reconnects after a second).
-RESUME_S = 10.0
 
 
 class _Watcher:
@@ -112,9 +111,7 @@ class CoherenceHub:
         self.tenant_moves = tenant_moves
         self.server_moves = server_moves
         self._watchers: dict[tuple[str, str], set[_Watcher]] = {}
-        #: Engines whose last stream here ended: the moves kept for their next stream, and
-        #: until when (``time.monotonic``).
-        self._away: dict[tuple[str, str], tuple[float, OrderedDict[str, tuple[str, float]]]] = {}
+        self._kept = KeptMoves(stream_moves)  # for engines whose last stream here ended
         self._of_tenant: dict[str, set[_Watcher]] = {}
         self._unread: dict[str, int] = {}  # per tenant
         self._unread_total = 0
@@ -208,36 +205,27 @@ class CoherenceHub:
 
     def _keep(self, tenant: str, move: Move) -> None:
         """Keep ``move`` for the next stream of the engine it left, if that engine's last
-        stream here ended less than :data:`RESUME_S` ago (module docstring)."""
+        stream here ended less than :data:`RESUME_S` ago and the bounds allow (module
+        docstring)."""
         key = (tenant, move.from_engine)
-        away = self._away.get(key)
-        if away is None:
+        if not self._kept.keeping(key):
             return
-        until, kept = away
-        if time.monotonic() > until:
-            del self._away[key]
-            return
-        kept.pop(move.program_id, None)  # the newer move supersedes the older one
-        kept[move.program_id] = (move.to_engine, move.arrived_at)
-        if len(kept) > self.stream_moves:
-            kept.popitem(last=False)
+        room = (
+            self._unread.get(tenant, 0) + self._kept.of(tenant) < self.tenant_moves
+            and self._unread_total + self._kept.total < self.server_moves
+        )
+        if not self._kept.keep(key, move.program_id, (move.to_engine, move.arrived_at), room):
             self.moves_dropped += 1
 
-    def _left(self, key: tuple[str, str], unread: OrderedDict[str, tuple[str, float]]) -> None:
-        """The last stream of ``key``'s engine here ended with ``unread`` moves: keep them,
-        and the moves to come, for :data:`RESUME_S`; forget those of engines gone longer."""
-        now = time.monotonic()
-        for gone in [k for k, (until, _) in self._away.items() if now > until]:
-            del self._away[gone]
-        self._away[key] = (now + RESUME_S, unread)
+    @property
+    def kept(self) -> int:
+        """Moves kept on this server for engines whose stream ended (:data:`RESUME_S`)."""
+        return self._kept.total
 
     def _resumed(self, watcher: _Watcher) -> None:
         """Queue for ``watcher`` the moves kept since its engine's last stream ended."""
-        away = self._away.pop(watcher.key, None)
-        if away is None or time.monotonic() > away[0]:
-            return
         tenant = watcher.key[0]
-        for program, (to, at) in away[1].items():
+        for program, (to, at) in self._kept.resume(watcher.key).items():
             if watcher.dropped is None:
                 self._queue(tenant, watcher, Move(program, watcher.key[1], to, at))
 
@@ -253,12 +241,18 @@ class CoherenceHub:
         while True:
             if len(unread) >= self.stream_moves:
                 self._drop(watcher, f"{len(unread)} moves unread (limit {self.stream_moves})")
-            elif self._unread.get(tenant, 0) >= self.tenant_moves:
+            elif self._unread.get(tenant, 0) + self._kept.of(tenant) >= self.tenant_moves:
+                if self._kept.shed(tenant):
+                    self.moves_dropped += 1
+                    continue
                 self._drop(
                     self._slowest(self._of_tenant[tenant]),
                     f"the tenant's streams hold {self.tenant_moves} unread moves (limit)",
                 )
-            elif self._unread_total >= self.server_moves:
+            elif self._unread_total + self._kept.total >= self.server_moves:
+                if self._kept.shed(None):
+                    self.moves_dropped += 1
+                    continue
                 everyone = [w for ws in self._of_tenant.values() for w in ws]
                 self._drop(
                     self._slowest(everyone),
@@ -394,7 +388,7 @@ class CoherenceHub:
                 watcher.unread.clear()
                 self._detach(watcher)
                 if key not in self._watchers:
-                    self._left(key, unread)
+                    self._kept.left(key, unread)
             if not self._watchers and self._listening is not None:
                 # the last watcher here left: listen on while its engine may come back
                 asyncio.get_running_loop().call_later(RESUME_S, self._stop_listening)

@@ -158,6 +158,36 @@ def test_a_newer_move_of_a_program_supersedes_its_unread_one() -> None:
     asyncio.run(scenario())
 
 
+def test_moves_kept_for_engines_away_count_toward_the_bounds_and_give_way_first() -> None:
+    async def scenario() -> None:
+        hub = CoherenceHub(stream_moves=64, tenant_moves=8, server_moves=64)
+        for engine in ("a", "b"):  # each engine's stream opens, then ends: engines away
+            stream = hub.watch("acme", engine)
+            waiting = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            await stream.aclose()
+        now = time.time()
+        hub.tell("acme", [Move(f"p{i}", "a", "x", now) for i in range(6)])
+        hub.tell("acme", [Move(f"q{i}", "b", "x", now) for i in range(6)])
+        assert hub.kept == 8  # the tenant's bound, not 12
+        assert hub.moves_dropped == 4
+        watching = hub.watch("acme", "w")  # a live stream that does not read (yet)
+        first = asyncio.ensure_future(anext(watching))
+        await asyncio.sleep(0)
+        hub.tell("acme", [Move(f"r{i}", "w", "x", now) for i in range(5)])
+        assert hub.streams_dropped == 0  # kept moves were freed, no stream dropped
+        assert (hub.unread, hub.kept) == (5, 3)
+        assert (await first).program_id == "r0"
+        # the oldest kept went first: p0..p4 of engine a; engine b still has q0 and q1
+        back = hub.watch("acme", "b")  # engine b returns: it reads what is kept for it
+        assert [(await anext(back)).program_id for _ in range(2)] == ["q0", "q1"]
+        assert hub.kept == 1  # p5, for engine a
+
+    asyncio.run(scenario())
+
+
 def test_revoking_a_tenant_ends_its_streams(plane: ControlPlane, server: Any) -> None:
     _, token = plane.create_tenant("acme")
     client = ControlPlaneClient(server.target, token)
