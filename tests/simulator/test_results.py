@@ -78,6 +78,22 @@ def test_a_file_made_by_a_command_is_found_and_one_made_by_none_is_an_orphan(
     assert script.quick(jobs[0].command).startswith("cachettl bench seeds --seeds 1,2 --out")
 
 
+def test_quick_mode_shrinks_every_size_a_study_takes() -> None:
+    quick = _script().quick
+    learning = (
+        "cachettl bench learning --families step,tracelab --loads 1,1.2 --programs 100 "
+        "--seeds 1000-1002 --pre 2000 --horizon 60 --replicates 12"
+    )
+    assert quick(learning) == (
+        "cachettl bench learning --families step,tracelab --loads 1 --programs 100 "
+        "--seeds 1000,1001 --pre 500 --horizon 20 --replicates 2"
+    )  # families keep their programs
+    cluster = "cachettl bench cluster --workload swe --programs 64 --loads 0.8,1,1.2 --seeds 0-15"
+    assert quick(cluster) == (
+        "cachettl bench cluster --workload swe --programs 20 --loads 0.8 --seeds 0,1"
+    )
+
+
 def test_stamping_records_command_commit_date_and_load_once(tmp_path: Path) -> None:
     md, js = tmp_path / "x.md", tmp_path / "x.json"
     md.write_text("# X\n\nfigures\n")
