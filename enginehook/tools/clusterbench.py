@@ -322,6 +322,24 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {policy} | median | | {figures['median_mean_jct_ratio']:.2f} | | "
             f"{figures['median_wait_p90_ratio']:.2f} | |"
         )
+    loads = [
+        f"{policy} {', '.join(str(r.get('load_1m', '?')) for r in pair)}"
+        for policy, figures in report["policies"].items()
+        for pair in zip(figures["stock"], figures["hook"], strict=True)
+    ]
+    if "load_start" in report:
+        lines += [
+            "",
+            f"Load average (1 min) at each replay's start, stock / hook by run: "
+            f"{'; '.join(loads)}.",
+        ]
+    if "program_scheduling_config" in report:
+        settings = json.dumps(report["program_scheduling_config"])
+        lines += [
+            "",
+            f"`{PROGRAM_SCHEDULING}`: vllm-router `--policy {_FALLBACK} "
+            f"--enable-program-scheduling --program-scheduling-config-json '{settings}'`.",
+        ]
     return "\n".join(lines) + "\n"
 
 
