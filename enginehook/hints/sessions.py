@@ -32,9 +32,8 @@ per-session state can be released at once) becomes the flat ``release`` hint in
 ``vllm_xargs``: the session's pin goes when the request arrives (an envelope's ``release``
 still wins over it, as over every flat hint).
 
-``vllm_xargs``' flat hint keys are checked as the engine reads them
-(:meth:`enginehook.hints.flat.Hints.from_extra_args`): a bad value is HTTP 400 naming
-``vllm_xargs.<key>``.
+``vllm_xargs``' flat hint keys are checked as the engine reads them (a bad value is HTTP
+400 naming ``vllm_xargs.<key>``); a session's turn index is added (:mod:`.turns`).
 
 Only ``POST`` to :data:`PATHS` is looked at. A body is decoded as vLLM decodes it (JSON's
 encoding detection: UTF-8 with or without a BOM, UTF-16, UTF-32), so an id in such a body
@@ -76,6 +75,7 @@ from enginehook.hints.choice import (
 from enginehook.hints.flat import Hints, request_hints
 from enginehook.hints.replies import pin_headers_send
 from enginehook.hints.routers import RouterNotifier
+from enginehook.hints.turns import carry_turn_index
 
 __all__ = [
     "DISCOVERY_PATH",
@@ -249,6 +249,7 @@ def _rewrite(
     choice = choose_session(headers, body, path)
     final = session_final(headers)
     parent = parent_session(headers, choice)
+    changed = (choice is not None and carry_turn_index(body, path)) or changed
     header = None
     if choice is not None and choice.header and not choice.session_id.isascii():
         # vLLM reads header bytes as Latin-1: the engine would key "ZÃ¼rich" for "Zürich"
@@ -374,8 +375,7 @@ def _agentic(body: dict[str, Any]) -> bool:
 
 def _vllms_header(headers: Mapping[str, str]) -> None:
     """Check the ``X-Session-ID`` vLLM reads itself, on a body the middleware passes on."""
-    value = headers.get("x-session-id")
-    if value:
+    if value := headers.get("x-session-id"):
         check_id("x-session-id", value, header=True)
 
 
