@@ -118,16 +118,23 @@ class PinController(QueueOrder, Generic[H]):
         tenant: str = "default",
         prompt_tokens: int = 0,
         parent: str | None = None,
+        turns: int | None = None,
     ) -> None:
         """A request of the program arrived (``arrival``: its queue time; ``prompt_tokens``:
-        its prompt, which the admission counts). ``parent``: the program this one works
-        for (a sub-agent's session). It is scheduled as part of that program: it inherits
-        the parent's first arrival (the parent waits on it, so it is as old as the
-        parent's work) and, on its first request, the parent's attained service, so it is
-        not a new program (no first-turn head start or reclaim: those are for new
-        sessions) and a session that fans out gets no larger share under service-based
-        orders."""
-        evicted = self._programs.arrived(program_id, arrival, now, tenant, parent, pinned=self.pins)
+        its prompt, which the admission counts). ``turns``: the turns the program finished
+        before this request on any engine, when the client's request says so
+        (:func:`enginehook.hints.turns.turn_hint`): its turns are counted from at least
+        there, so a program that moved between engines is counted whole; without it each
+        engine counts the turns it served since the program arrived there. ``parent``: the
+        program this one works for (a sub-agent's session). It is scheduled as part of
+        that program: it inherits the parent's first arrival (the parent waits on it, so it
+        is as old as the parent's work) and, on its first request, the parent's attained
+        service, so it is not a new program (no first-turn head start or reclaim: those are
+        for new sessions) and a session that fans out gets no larger share under
+        service-based orders."""
+        evicted = self._programs.arrived(
+            program_id, arrival, now, tenant, parent, pinned=self.pins, turns=turns
+        )
         if evicted is not None and self.admission is not None:
             self.admission.ended(evicted)
         if self.admission is not None:

@@ -80,9 +80,11 @@ class Programs:
         parent: str | None = None,
         *,
         pinned: Container[str],
+        turns: int | None = None,
     ) -> str | None:
         """A request of the program arrived (see
-        :meth:`enginehook.core.lifecycle.PinController.arrived` for ``parent``). Returns
+        :meth:`enginehook.core.lifecycle.PinController.arrived` for ``parent`` and
+        ``turns``). Returns
         the program forgotten to keep the bound (the least recent not in ``pinned``), if
         any."""
         self._tenants.pop(program_id, None)  # most recent last: the bound evicts the oldest
@@ -100,7 +102,7 @@ class Programs:
                 self._tokens[program_id] = self._tokens[parent]
                 self._service[program_id] = self._service.get(parent, 0.0)
         self.arrivals.observe(program_id, arrival)
-        self.tracker(tenant).arrived(program_id, now)
+        self.tracker(tenant).arrived(program_id, now, turns)
         return evicted
 
     def idle(self, now: float, idle_s: float) -> tuple[list[ProgramEndReport], list[str]]:

@@ -308,7 +308,7 @@ class ToolCallTracker:
         Returns the turn's index (0-based)."""
         turn = self._turns.get(program_id, 0)
         self._turns[program_id] = turn + 1
-        if turn == 0:
+        if program_id not in self._lives:  # its first turn here (maybe not its first)
             self._lives[program_id] = self._started
             self._started += 1
         self._drop_prefix(program_id)
@@ -348,8 +348,12 @@ class ToolCallTracker:
         if pending is not None and pinned and reason is not ReleaseReason.HIT:
             pending.outcome = outcome_of_release(reason)
 
-    def arrived(self, program_id: str, now: float) -> None:
-        """The program's next request arrived (ends the tool call's duration)."""
+    def arrived(self, program_id: str, now: float, turns: int | None = None) -> None:
+        """The program's next request arrived (ends the tool call's duration); ``turns``:
+        the turns it finished before, anywhere (the client's count): its turns are counted
+        from at least there (:mod:`enginehook.hints.turns`)."""
+        if turns is not None and turns > self._turns.get(program_id, 0):
+            self._turns[program_id] = turns
         pending = self._pending.get(program_id)
         if pending is not None and pending.arrived_at is None:
             pending.arrived_at = max(now, pending.finished_at)
@@ -403,21 +407,8 @@ class ToolCallTracker:
             cache = replace(cache, not_pinned_cause=NotPinnedCause.UNSPECIFIED)
         if pending.tool is None:
             return ReturningTurn(program_id, cache)
-        event = ToolCallReport(
-            event_id=self._event_id(program_id, pending.turn_index),
-            program_id=program_id,
-            tenant=self.tenant,
-            tool=pending.tool,
-            tool_args=pending.tool_args,
-            duration_s=pending.arrived_at - pending.finished_at,
-            finished_at=pending.finished_at,
-            turn_index=pending.turn_index,
-            chosen_ttl_s=pending.ttl_s,
-            pin_outcome=outcome,
-            admission_delay_s=max(0.0, now - pending.arrived_at),
-            basis=pending.basis,
-            cache=cache,
-        )
+        duration_s, delay_s = pending.arrived_at - pending.finished_at, now - pending.arrived_at
+        event = self._call(program_id, pending, duration_s, outcome, max(0.0, delay_s), cache)
         return ReturningTurn(program_id, cache, event)
 
     def moved(self, program_id: str, arrived_at: float) -> ToolCallReport | None:
@@ -432,21 +423,26 @@ class ToolCallTracker:
         self._lives.pop(program_id, None)
         if pending is None or pending.tool is None or pending.arrived_at is not None:
             return None
+        # whatever its pin did here, the next turn was admitted elsewhere: no sample of T
+        duration_s = max(0.0, arrived_at - pending.finished_at)
+        return self._call(program_id, pending, duration_s, PinOutcome.MOVED, 0.0)
+
+    def _call(
+        self,
+        program_id: str,
+        p: _Pending,
+        duration_s: float,
+        outcome: PinOutcome,
+        delay_s: float,
+        cache: TurnCache | None = None,
+    ) -> ToolCallReport:
+        """The tool-call event of the program's pending turn ``p`` (which called a tool)."""
+        assert p.tool is not None
+        event_id = self._event_id(program_id, p.turn_index)
         return ToolCallReport(
-            event_id=self._event_id(program_id, pending.turn_index),
-            program_id=program_id,
-            tenant=self.tenant,
-            tool=pending.tool,
-            tool_args=pending.tool_args,
-            duration_s=max(0.0, arrived_at - pending.finished_at),
-            finished_at=pending.finished_at,
-            turn_index=pending.turn_index,
-            chosen_ttl_s=pending.ttl_s,
-            # whatever its pin did here, the next turn was admitted elsewhere: no sample of T
-            pin_outcome=PinOutcome.MOVED,
-            admission_delay_s=0.0,
-            basis=pending.basis,
-        )
+            event_id, program_id, self.tenant, p.tool, p.tool_args, duration_s, p.finished_at,
+            p.turn_index, p.ttl_s, outcome, delay_s, p.basis, cache or TurnCache(),
+        )  # fmt: skip
 
     def program_end(self, program_id: str, now: float) -> ProgramEndReport | None:
         """The program ended; ``None`` if it never finished a turn here."""
