@@ -16,8 +16,10 @@ The policy :data:`PROGRAM_SCHEDULING` is vllm-router's program scheduling
 it with :func:`program_scheduling_config` (the documented deployment settings, the engine's KV
 pool as each target's token capacity), and every turn names its program the canonical way,
 ``vllm_xargs.agentic_context`` (``program_id``, ``step_id``; ``expected_resume`` false on the
-last turn). vLLM itself refuses that object (``vllm_xargs`` values are strings or numbers);
-both arms' engines run the session middleware, which takes it out before vLLM reads the body.
+last turn). :data:`PROGRAM_SCHEDULING_BY_COUNT` is the same with no token capacity (the
+router's program-count guard alone). vLLM itself refuses that object (``vllm_xargs`` values
+are strings or numbers); both arms' engines run the session middleware, which takes it out
+before vLLM reads the body.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from enginehook.tools.servers import ControlPlaneProcess, free_port, wait_for
 __all__ = [
     "CLUSTER_SETTINGS",
     "PROGRAM_SCHEDULING",
+    "PROGRAM_SCHEDULING_BY_COUNT",
     "RealClusterConfig",
     "program_scheduling_config",
     "router_for",
@@ -55,6 +58,9 @@ CLUSTER_SETTINGS: dict[str, Any] = {}
 #: The policy name of vllm-router's program scheduling, its request-level fallback the
 #: router's default policy (no request of the bench goes without a program).
 PROGRAM_SCHEDULING = "program_scheduling"
+#: Program scheduling with ``token_capacity_per_target`` null: admission by program count.
+PROGRAM_SCHEDULING_BY_COUNT = "program_scheduling_by_count"
+_PROGRAMS = (PROGRAM_SCHEDULING, PROGRAM_SCHEDULING_BY_COUNT)
 _FALLBACK = "cache_aware"
 
 
@@ -76,17 +82,21 @@ class RealClusterConfig:
     hook_settings: dict[str, Any] = field(default_factory=lambda: dict(CLUSTER_SETTINGS))
 
 
-def program_scheduling_config(trace: BenchConfig) -> dict[str, Any]:
+def program_scheduling_config(
+    trace: BenchConfig, policy: str = PROGRAM_SCHEDULING
+) -> dict[str, Any]:
     """``--program-scheduling-config-json``: the router doc's recommended deployment
     (``global_queue``, MRU resume, 1 s observations), each target's token capacity the
     engine's KV pool, and a new program bound to the target with the fewest programs (the
     simulator's reading, ``simulator/cluster/progsched.py``). The cost models are the router's
-    reference calibration (it warns so at start)."""
+    reference calibration (it warns so at start). :data:`PROGRAM_SCHEDULING_BY_COUNT`: no
+    token capacity."""
+    pool = trace.blocks * trace.block_size if policy == PROGRAM_SCHEDULING else None
     return {
         "global_queue": True,
         "resume_order": "mru",
         "metrics_interval_seconds": 1.0,
-        "token_capacity_per_target": trace.blocks * trace.block_size,
+        "token_capacity_per_target": pool,
         "binding_strategy": "least_program_count",
     }
 
@@ -94,9 +104,9 @@ def program_scheduling_config(trace: BenchConfig) -> dict[str, Any]:
 def router_for(config: RealClusterConfig, policy: str, urls: list[str], work: Path) -> Router:
     """The router of ``policy`` in front of ``urls`` (not started); :data:`PROGRAM_SCHEDULING`
     is the router's default policy with program scheduling on."""
-    if policy != PROGRAM_SCHEDULING:
+    if policy not in _PROGRAMS:
         return Router(policy, urls, work)
-    settings = json.dumps(program_scheduling_config(config.trace), separators=(",", ":"))
+    settings = json.dumps(program_scheduling_config(config.trace, policy), separators=(",", ":"))
     flags = ("--enable-program-scheduling", "--program-scheduling-config-json", settings)
     return Router(_FALLBACK, urls, work, extra=flags)
 
@@ -208,7 +218,7 @@ def _policy(
         name: router_for(config, policy, [e.url for e in engines], work)
         for name, engines in arms.items()
     }
-    agentic = policy == PROGRAM_SCHEDULING
+    agentic = policy in _PROGRAMS
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     try:
         for router in routers.values():
@@ -275,7 +285,7 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "policies": {},
     }
-    if PROGRAM_SCHEDULING in config.policies:
+    if set(_PROGRAMS) & set(config.policies):
         report["program_scheduling_config"] = program_scheduling_config(config.trace)
     for policy in config.policies:
         ratios = [
@@ -338,7 +348,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"`{PROGRAM_SCHEDULING}`: vllm-router `--policy {_FALLBACK} "
-            f"--enable-program-scheduling --program-scheduling-config-json '{settings}'`.",
+            f"--enable-program-scheduling --program-scheduling-config-json '{settings}'`; "
+            f"`{PROGRAM_SCHEDULING_BY_COUNT}`: the same with `token_capacity_per_target` null.",
         ]
     return "\n".join(lines) + "\n"
 

@@ -21,6 +21,7 @@ import pytest
 from enginehook.tools.bench import BenchConfig
 from enginehook.tools.clusterbench import (
     PROGRAM_SCHEDULING,
+    PROGRAM_SCHEDULING_BY_COUNT,
     RealClusterConfig,
     program_scheduling_config,
     router_for,
@@ -86,3 +87,17 @@ def test_only_the_program_scheduling_policy_turns_it_on(worker: str, tmp_path: P
     finally:
         scheduled.stop()
         plain.stop()
+
+
+def test_by_count_leaves_the_targets_without_a_token_capacity(worker: str, tmp_path: Path) -> None:
+    router = router_for(RealClusterConfig(), PROGRAM_SCHEDULING_BY_COUNT, [worker], tmp_path)
+    try:
+        router.start(timeout_s=30)
+        _turn(router.url, "p8")
+        status, figures = _diagnostics(router.url)
+        assert (status, figures["enabled"]) == (200, True)
+        [target] = figures["ranks"]
+        assert target["configured_token_capacity"] is None
+        assert [p["root_program_id"] for p in target["programs"]] == ["p8"]
+    finally:
+        router.stop()
