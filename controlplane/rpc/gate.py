@@ -67,6 +67,11 @@ class Budgets:
     #: costs tens of microseconds of Python, so this bounds what one tenant's reports take
     #: of the server's CPU from the others' decisions.
     arrivals_per_tenant_s: int = 10_000
+    #: A stream whose client has taken none of its messages for this long while the server
+    #: has one to send is ended RESOURCE_EXHAUSTED (a slow reader: gRPC's flow control holds
+    #: only the few messages the connection's window admits, so until then each stream
+    #: holds at most those: a snapshot, or moves).
+    slow_reader_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

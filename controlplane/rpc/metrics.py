@@ -44,6 +44,12 @@ class Metrics:
         self.snapshot_version = Gauge(
             "cachettl_snapshot_version", "Version of the last snapshot streamed", registry=r
         )
+        self.slow_streams = Counter(
+            "cachettl_slow_streams_dropped_total",
+            "Streams ended because their client took no message for the slow-reader timeout",
+            ["method"],
+            registry=r,
+        )
 
     def track_learning(self, counters: LearningCounters) -> None:
         """Export ``counters``: ``cachettl_events_unlearned_total{reason}`` (committed

@@ -153,6 +153,12 @@ _ADMISSION_FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--max-streams-per-peer", "streams_per_peer", int, "streams open per client address"),
     ("--message-timeout", "message_timeout_s", float, "seconds from headers to message"),
     (
+        "--slow-reader-timeout",
+        "slow_reader_s",
+        float,
+        "seconds a stream's client may take none of its messages before the stream ends",
+    ),
+    (
         "--max-arrivals-per-tenant",
         "arrivals_per_tenant_s",
         int,

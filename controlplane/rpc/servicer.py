@@ -175,6 +175,7 @@ class Servicer(CoherenceMethods):
         # for the GIL keep those slices short.
         self._views = ThreadPoolExecutor(1, "cachettl-views")
         self._latest: dict[str, tuple[int, bytes]] = {}
+        self._slow_logged: dict[str, float] = {}
 
     def snapshot_sent(self, tenant: str) -> int | None:
         """The newest snapshot version this server streamed to the tenant's engines."""
@@ -236,12 +237,11 @@ class Servicer(CoherenceMethods):
         self,
         method: str,
         body: Callable[[Tenant, Any, grpc.aio.ServicerContext], AsyncIterator[object]],
-    ) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[object]]:
-        """The behavior serving a server-streaming method (stream budgets, not calls')."""
+    ) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], Awaitable[None]]:
+        """The behavior serving a server-streaming method (stream budgets, not calls'; a
+        client that stops reading is dropped, :meth:`_write`)."""
 
-        async def behavior(
-            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
-        ) -> AsyncIterator[object]:
+        async def behavior(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
             async with AsyncExitStack() as stack:
 
                 async def admit() -> tuple[Tenant, Any]:
@@ -254,7 +254,7 @@ class Servicer(CoherenceMethods):
                 closed = await stack.enter_async_context(self.gate.revocable(context))
                 try:
                     async for item in until(body(tenant, request, context), closed):
-                        yield item
+                        await self._write(method, tenant, context, item)
                 except (grpc.aio.AbortError, asyncio.CancelledError):
                     raise
                 except Exception as error:  # e.g. the tenant was revoked meanwhile
@@ -265,6 +265,30 @@ class Servicer(CoherenceMethods):
                     await context.abort(code, message, trailing_metadata=_trailer(error))
 
         return behavior
+
+    async def _write(
+        self, method: str, tenant: Tenant, context: grpc.aio.ServicerContext, item: object
+    ) -> None:
+        """Send a stream's message; ``OverloadedError`` once the client has taken none for
+        ``Budgets.slow_reader_s`` (counted, logged once a minute per tenant)."""
+        try:
+            await asyncio.wait_for(context.write(item), self.gate.budgets.slow_reader_s)
+        except TimeoutError:
+            self.metrics.slow_streams.labels(method).inc()
+            waited = self.gate.budgets.slow_reader_s
+            now = time.monotonic()
+            if now - self._slow_logged.get(tenant.name, float("-inf")) >= 60.0:
+                self._slow_logged[tenant.name] = now
+                log.warning(
+                    "tenant %r: a %s stream whose client took no message for %g s was ended",
+                    tenant.name,
+                    method,
+                    waited,
+                )
+            raise OverloadedError(
+                f"{method} stream ended: the client took no message for {waited:g} s "
+                "(--slow-reader-timeout); read the stream, or reconnect"
+            ) from None
 
     # -- ToolEventService -------------------------------------------------------------
 

@@ -6,6 +6,7 @@ by one (a bad program id, a clock set ahead); moved pins counted; ids bounded.""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 import time
@@ -16,11 +17,12 @@ from typing import Any
 import grpc
 import pytest
 
-from controlplane._gen.cachettl.v1 import cluster_pb2, cluster_pb2_grpc
+from controlplane._gen.cachettl.v1 import cluster_pb2, cluster_pb2_grpc, model_pb2, model_pb2_grpc
 from controlplane.records import Move, PinOutcome, ToolCall
 from controlplane.rpc.auth import AuthOptions
 from controlplane.rpc.client import ControlPlaneClient
 from controlplane.rpc.coherence import AHEAD_S
+from controlplane.rpc.gate import Budgets
 from controlplane.rpc.moves import CoherenceHub
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
@@ -188,6 +190,69 @@ def test_moves_kept_for_engines_away_count_toward_the_bounds_and_give_way_first(
     asyncio.run(scenario())
 
 
+def test_a_snapshot_stream_whose_client_stops_reading_is_ended(
+    plane: ControlPlane, serve: Callable[..., AbstractContextManager[Any]]
+) -> None:
+    """gRPC's flow control stops a stream's writes once its client's window is full; a
+    write that waits past the slow-reader timeout ends the stream, and the other tenant's
+    stream, read, goes on."""
+    _, slow_token = plane.create_tenant("slow")
+    _, calm_token = plane.create_tenant("calm")
+    budgets = Budgets(slow_reader_s=1.0)
+    with serve(plane, budgets=budgets, watch_interval_s=0.1) as server:
+        slow = ControlPlaneClient(server.target, slow_token)
+        calm = ControlPlaneClient(server.target, calm_token)
+        channel = grpc.insecure_channel(server.target)
+        stub = model_pb2_grpc.ModelServiceStub(channel)
+        unread = stub.WatchSnapshots(  # whole snapshots, never read
+            model_pb2.WatchSnapshotsRequest(),
+            metadata=(("authorization", f"Bearer {slow_token}"),),
+        )
+        reading = Follower(calm.watch_snapshots())
+        registry = server.server._servicer.metrics.registry
+        stop = threading.Event()
+
+        def churn() -> None:  # 300 tools: whole snapshots of about a megabyte, new often
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                slow.record_tool_calls(
+                    [
+                        ToolCall(f"e{i}-{k}", f"p{i}", f"tool{(i * 7 + k) % 300}", f"a{k % 5}", 1.5)
+                        for k in range(200)
+                    ]
+                )
+                calm.record_tool_calls([ToolCall(f"c{i}", f"p{i}", "bash", "ls", 0.2)])
+
+        feeding = threading.Thread(target=churn, daemon=True)
+        feeding.start()
+        try:
+            _until(
+                lambda: (
+                    registry.get_sample_value(
+                        "cachettl_slow_streams_dropped_total", {"method": "WatchSnapshots"}
+                    )
+                    == 1.0
+                ),
+                60.0,
+                "the unread stream to be ended",
+            )
+            with pytest.raises(grpc.RpcError) as ended:
+                for _ in unread:
+                    pass
+            assert ended.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "took no message for 1 s" in (ended.value.details() or "")
+            assert reading.ended.empty()  # the reading stream goes on
+            assert reading.items.qsize() >= 1
+        finally:
+            stop.set()
+            feeding.join()
+            unread.cancel()
+            channel.close()
+            slow.close()
+            calm.close()
+
+
 def test_revoking_a_tenant_ends_its_streams(plane: ControlPlane, server: Any) -> None:
     _, token = plane.create_tenant("acme")
     client = ControlPlaneClient(server.target, token)
@@ -315,12 +380,12 @@ def test_a_huge_id_is_refused_naming_the_field_without_echoing_it(
 def test_a_tenant_reporting_too_many_arrivals_is_refused_alone(
     plane: ControlPlane, serve: Callable[..., AbstractContextManager[Any]]
 ) -> None:
-    from controlplane.rpc.gate import Budgets
-
     _, flood = plane.create_tenant("flood")
     _, quiet = plane.create_tenant("quiet")
+    # a second's worth of burst: the first batch takes it whole, the second would need a
+    # second of refill (on a loaded machine the first report alone may take a third)
     with (
-        serve(plane, budgets=Budgets(arrivals_per_tenant_s=1500)) as server,
+        serve(plane, budgets=Budgets(arrivals_per_tenant_s=1000)) as server,
         ControlPlaneClient(server.target, flood) as loud,
         ControlPlaneClient(server.target, quiet) as calm,
     ):
