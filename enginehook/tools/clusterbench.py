@@ -345,11 +345,13 @@ def markdown(report: dict[str, Any]) -> str:
         ]
     if "program_scheduling_config" in report:
         settings = json.dumps(report["program_scheduling_config"])
+        by_count = PROGRAM_SCHEDULING_BY_COUNT in report["policies"]
         lines += [
             "",
             f"`{PROGRAM_SCHEDULING}`: vllm-router `--policy {_FALLBACK} "
-            f"--enable-program-scheduling --program-scheduling-config-json '{settings}'`; "
-            f"`{PROGRAM_SCHEDULING_BY_COUNT}`: the same with `token_capacity_per_target` null.",
+            f"--enable-program-scheduling --program-scheduling-config-json '{settings}'`"
+            + (f"; `{PROGRAM_SCHEDULING_BY_COUNT}`: the same with" if by_count else "")
+            + (" `token_capacity_per_target` null." if by_count else "."),
         ]
     return "\n".join(lines) + "\n"
 
