@@ -28,7 +28,7 @@ from enginehook.core.host import FinishedTurn
 from enginehook.core.lifecycle import PinController
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport
-from enginehook.hints.sessions import SessionIdMiddleware
+from enginehook.hints.sessions import Message, Receive, Send, SessionIdMiddleware
 from enginehook.hints.turns import turn_hint
 from enginehook.link.coherence import CoherenceLink
 from enginehook.link.remote import ControlPlaneLink
@@ -92,7 +92,7 @@ class Engine:
         """Apply the moves the control plane tells within ``seconds`` (as the hook's
         scheduler does each step); the programs that moved away."""
         assert self.coherence is not None
-        deadline, moved = time.monotonic() + seconds, []
+        deadline, moved = time.monotonic() + seconds, list[tuple[str, float]]()
         while time.monotonic() < deadline and not moved:
             moved = self.coherence.moved()
             time.sleep(0.01)
@@ -114,10 +114,19 @@ def chat_xargs(session: str, answers: int) -> dict[str, Any]:
     for i in range(answers):
         messages.append({"role": "assistant", "content": f"step {i}"})
         messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": "ok"})
-    body = {"model": "m", "messages": messages}
-    seen: list[dict[str, Any]] = []
+    status, forwarded = through_middleware(session, {"model": "m", "messages": messages})
+    assert status == 200
+    return dict(forwarded.get("vllm_xargs") or {})
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+
+def through_middleware(
+    session: str, body: dict[str, Any], path: str = "/v1/chat/completions"
+) -> tuple[int, dict[str, Any]]:
+    """The status and the body vLLM would get from the session middleware."""
+    seen: list[dict[str, Any]] = []
+    statuses: list[int] = []
+
+    async def app(scope: Message, receive: Receive, send: Send) -> None:
         message = await receive()
         seen.append(json.loads(message["body"]))
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -127,20 +136,20 @@ def chat_xargs(session: str, answers: int) -> dict[str, Any]:
     scope = {
         "type": "http",
         "method": "POST",
-        "path": "/v1/chat/completions",
+        "path": path,
         "headers": [(b"x-session-id", session.encode()), (b"content-length", b"%d" % len(raw))],
         "server": ("127.0.0.1", 8000),
     }
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         return {"type": "http.request", "body": raw, "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
-        pass
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
 
     asyncio.run(SessionIdMiddleware(app)(scope, receive, send))
-    (forwarded,) = seen
-    return dict(forwarded.get("vllm_xargs") or {})
+    return statuses[0], seen[0] if seen else {}
 
 
 @pytest.fixture
@@ -168,6 +177,19 @@ def test_a_chat_body_with_n_answers_gives_turn_index_n(answers: int) -> None:
     (call,) = [e for e in host.events if isinstance(e, ToolCallReport)]
     assert call.turn_index == answers
     assert call.event_id == f"e:s-1:0:{answers}"  # the first life here, whatever its index
+
+
+def test_other_bodies_keep_the_engines_count_unless_the_client_sends_one() -> None:
+    prompt = {"model": "m", "prompt": "assistant: step 0"}
+    for path in ("/v1/completions", "/v1/responses"):
+        assert "turn_index" not in through_middleware("s", prompt, path)[1].get("vllm_xargs", {})
+    given = {**prompt, "vllm_xargs": {"turn_index": 3}}
+    assert through_middleware("s", given, "/v1/completions")[1]["vllm_xargs"]["turn_index"] == 3
+    chat = {"model": "m", "messages": [{"role": "assistant"}] * 2, "vllm_xargs": {"turn_index": 1}}
+    assert through_middleware("s", chat)[1]["vllm_xargs"]["turn_index"] == 2  # the larger
+    for bad in (-1, "x", 1.5, True, 10**6):
+        status, _ = through_middleware("s", {**prompt, "vllm_xargs": {"turn_index": bad}})
+        assert status == 400, bad
 
 
 @pytest.mark.parametrize("db_url", BACKENDS, indirect=True)
