@@ -210,6 +210,8 @@ def test_a_program_moving_a_b_a_ends_with_all_its_turns(cluster, tmp_path: Path)
         assert a.link.flush(10.0)
         assert b.link.flush(10.0)
         # the engines it left reported no end of their own; the one holding it, all six
+        assert [e for e in b.host.events if isinstance(e, ProgramEndReport)] == []
+        assert [e.total_turns for e in a.host.events if isinstance(e, ProgramEndReport)] == [6]
         assert [e.total_turns for e in _ends(store)] == [6]
         calls = store.read_tool_calls(0, 100, "acme")
         assert sorted(r.call.turn_index for r in calls) == [0, 1, 2, 3, 4]
