@@ -39,9 +39,10 @@ __all__ = ["END_WINDOW_S", "SNAPSHOTS_KEPT", "Store", "hash_token", "new_token"]
 
 #: Two ends of one program (tenant, program id) whose times are at most this far apart are
 #: one end seen by two engines (each stamps its own clock: a last turn retried on another
-#: engine, a program that moved and was also ended where it had been). Reruns of a program
-#: id end further apart than this; ends without a time are not compared.
-END_WINDOW_S = 30.0
+#: engine, a program that moved and was also taken for abandoned where it had been). Reruns
+#: of a program id end further apart: a run takes longer than this (a rerun's end within it
+#: would be taken for the first). Ends without a time are not compared.
+END_WINDOW_S = 5.0
 
 #: Snapshots kept per policy (older ones are deleted when a new one is saved).
 SNAPSHOTS_KEPT = 2

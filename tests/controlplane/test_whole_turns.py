@@ -226,8 +226,9 @@ def test_two_engines_ends_of_one_program_are_one_end_with_the_larger_count(
     cluster, tmp_path: Path
 ) -> None:
     """Without pin coherence the engine a program left forgets it as abandoned and reports
-    the turns it saw; the engine that ends it reports them all: one end is stored, whole,
-    whichever arrives first. A rerun of the program id later is an end of its own."""
+    the turns it saw; the engine that ends it reports them all. Within ``END_WINDOW_S`` of
+    each other they are one end, stored whole whichever arrives first; a rerun of the
+    program id later is an end of its own."""
     store, server, token = cluster
     a = Engine("engine-a", server, token, tmp_path, coherent=False)
     b = Engine("engine-b", server, token, tmp_path, coherent=False)
