@@ -50,6 +50,9 @@ def register_bench(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     p.add_argument("--postgres", default=PG_DEFAULT, metavar="URL", help="'' to skip")
     add_link_flags(p)  # --links N: controlplane.cli.linkbench
+    from controlplane.cli.decidebench import add_decide_flags
+
+    add_decide_flags(p)  # --decide-rate R: controlplane.cli.decidebench
     p.set_defaults(handler=_run)
     from controlplane.cli.watchbench import register as register_watch
 
@@ -92,10 +95,11 @@ def _prepare(db_url: str, seed: int) -> tuple[str, str]:
 
 
 def _ingest_load(
-    target: str, token: str, events_per_s: float, stop: Any, ready: Any = None
+    target: str, token: str, events_per_s: float, stop: Any, ready: Any = None, prefix: str = "l"
 ) -> float:
     """Batches of 100 events at ``events_per_s`` until ``stop``; returns events/s stored
-    (after the first batch, which is when ``ready`` is set)."""
+    (after the first batch, which is when ``ready`` is set). Event ids start with
+    ``prefix``: another load into the same tenant needs another prefix (else repeats)."""
     from controlplane.records import ToolCall
     from controlplane.rpc.client import ControlPlaneClient
 
@@ -105,7 +109,7 @@ def _ingest_load(
         start = time.perf_counter()
         while not stop.is_set():
             calls = [
-                ToolCall(f"l{b}-{i}", f"p{b}", "bash", "pytest -x", 0.5 + i / 100)
+                ToolCall(f"{prefix}{b}-{i}", f"p{b}", "bash", "pytest -x", 0.5 + i / 100)
                 for i in range(100)
             ]
             accepted = client.record_tool_calls(calls).accepted
@@ -121,9 +125,9 @@ def _ingest_load(
 
 
 def _ingest_process(
-    target: str, token: str, events_per_s: float, stop: Any, ready: Any, out: Any
+    target: str, token: str, events_per_s: float, stop: Any, ready: Any, out: Any, prefix: str = "l"
 ) -> None:
-    out.put(_ingest_load(target, token, events_per_s, stop, ready))
+    out.put(_ingest_load(target, token, events_per_s, stop, ready, prefix))
 
 
 def _latency_with_ingest(
@@ -332,6 +336,10 @@ def _run(args: argparse.Namespace) -> int:
         from controlplane.cli.linkbench import run_links
 
         return run_links(args, 20.0 if args.seconds is None else float(args.seconds))
+    if args.decide_rate:
+        from controlplane.cli.decidebench import run_decide
+
+        return run_decide(args, 4.0 if args.seconds is None else float(args.seconds))
     seconds = 4.0 if args.seconds is None else float(args.seconds)
     if not 0.5 <= seconds <= 120:
         raise ValueError("--seconds must be in 0.5..120")
