@@ -47,6 +47,7 @@ from enginehook.core.pins import Pin, ReleaseReason
 from enginehook.core.tracker import CacheSeen
 from enginehook.hints.flat import Hints
 from enginehook.hints.ids import session_id_problem
+from enginehook.hints.turns import turn_hint
 from enginehook.link.coherence import CoherenceLink
 from enginehook.vllm.finishing import FinishedTurnHooks
 from enginehook.vllm.guards import check_engine, passthrough_reason
@@ -214,6 +215,7 @@ class CacheTTLMixin(FinishedTurnHooks):
                 tenant,
                 prompt_tokens=request.num_prompt_tokens,
                 parent=hints.parent_session_id,
+                turns=turn_hint(params.extra_args if (params := request.sampling_params) else None),
             )
             if hints.release:  # the session closes: its pin goes now, not at admission
                 self.controller.close(request.session_id)

@@ -71,6 +71,19 @@ def test_pinned_prefix_survives_churn_and_output_equals_recompute(driver, clock)
     assert end["total_turns"] == 2
 
 
+def test_a_turn_index_from_the_body_counts_the_turns_served_elsewhere(driver, clock):
+    """The middleware writes a chat body's answers as ``vllm_xargs.turn_index``: a program
+    that moved here after four turns elsewhere is counted from there."""
+    t1 = driver.words(200)
+    out1 = driver.run("T-1", t1, 8, session="T", xargs={"tool": "bash", "turn_index": 4})
+    clock.advance(1.0)
+    t2 = t1 + list(out1.outputs[0].token_ids) + driver.words(20)
+    driver.run("T-2", t2, 8, session="T", xargs={"last_turn": 1, "turn_index": 5})
+    events = [e for e in _events(driver) if e["program_id"] == "T"]
+    assert next(e for e in events if e["kind"] == "tool_call")["turn_index"] == 4
+    assert next(e for e in events if e["kind"] == "program_end")["total_turns"] == 6
+
+
 def test_pin_expires_on_time(driver, clock):
     driver.run("B-1", driver.words(300), 8, session="B", xargs={"tool": "bash", "pin_ttl_s": 5})
     pin = driver.scheduler.pins.get("B")
