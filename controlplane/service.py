@@ -44,6 +44,8 @@ READ_BATCH = 5000
 #: How long learning, inspection or a snapshot holds the model lock at a time (one row
 #: or model more at most); decisions wait at most about this long.
 LOCK_SLICE_S = 0.0005
+#: Rows learned per call of the state's ``apply`` (the lock's slice is checked between).
+LEARN_CHUNK = 8
 #: How long ``authenticate`` (in-process callers: the CLI, tests) trusts a lookup. The
 #: gRPC server resolves tokens with ``controlplane.rpc.auth.TenantCache`` instead (fresh and
 #: stale ages, lookups off the event loop; controlplane/README.md, "Limits").
@@ -124,21 +126,36 @@ class ControlPlane:
         return applied
 
     def _learn(self, apply: Callable[[Sequence[Any]], int], rows: Sequence[Any]) -> int:
-        """Learn rows in order, holding the model lock at most about ``LOCK_SLICE_S`` at a
-        time, so decisions and inspection never wait for a whole batch."""
+        """Learn rows in order, :data:`LEARN_CHUNK` at a time, holding the model lock at
+        most about ``LOCK_SLICE_S`` at a time and yielding the interpreter between two
+        holds, so decisions (answered in the event loop) wait neither for a whole batch
+        nor for the interpreter's switch interval."""
         applied, i = 0, 0
         while i < len(rows):
             with self._lock:
                 deadline = time.perf_counter() + LOCK_SLICE_S
                 while i < len(rows):
+                    j = min(len(rows), i + LEARN_CHUNK)
+                    before = self._position(rows[i])
                     try:
-                        applied += apply(rows[i : i + 1])
+                        applied += apply(rows[i:j])
                     except Exception as error:  # never fail after a commit: skip the row
-                        self._skip(rows[i], error)
-                    i += 1
+                        # rows up to the position were learned; the next one failed
+                        learned = self._position(rows[i])
+                        k = next((k for k in range(i, j) if rows[k].seq > learned), j - 1)
+                        applied += sum(1 for row in rows[i:k] if row.seq > before)
+                        self._skip(rows[k], error)
+                        j = k + 1
+                    i = j
                     if time.perf_counter() >= deadline:
                         break
+            if i < len(rows):
+                time.sleep(0)  # lets a waiting thread (the event loop) take the GIL now
         return applied
+
+    def _position(self, row: StoredToolCall | StoredProgramEnd) -> int:
+        """The log position learned, of ``row``'s log."""
+        return self.state.tool_seq if isinstance(row, StoredToolCall) else self.state.end_seq
 
     def _skip(self, row: StoredToolCall | StoredProgramEnd, error: Exception) -> None:
         """Count a committed row as applied without learning it (counted and logged)."""
