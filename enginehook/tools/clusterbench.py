@@ -288,21 +288,26 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
     if set(_PROGRAMS) & set(config.policies):
         report["program_scheduling_config"] = program_scheduling_config(config.trace)
     for policy in config.policies:
-        ratios = [
-            {
-                "mean_jct": h["mean_jct_s"] / s["mean_jct_s"],
-                "first_turn_wait_p90": h["first_turn_wait_p90_s"] / s["first_turn_wait_p90_s"],
-            }
-            for s, h in zip(stock[policy], ours[policy], strict=True)
-        ]
-        report["policies"][policy] = {
-            "stock": stock[policy],
-            "hook": ours[policy],
-            "ratios": ratios,
-            "median_mean_jct_ratio": statistics.median(r["mean_jct"] for r in ratios),
-            "median_wait_p90_ratio": statistics.median(r["first_turn_wait_p90"] for r in ratios),
-        }
+        report["policies"][policy] = _compared(stock[policy], ours[policy])
     return report
+
+
+def _compared(stock: list[dict[str, float]], hook: list[dict[str, float]]) -> dict[str, Any]:
+    """One policy's runs of both arms, their hook/stock ratios and the ratios' medians."""
+    ratios = [
+        {
+            "mean_jct": h["mean_jct_s"] / s["mean_jct_s"],
+            "first_turn_wait_p90": h["first_turn_wait_p90_s"] / s["first_turn_wait_p90_s"],
+        }
+        for s, h in zip(stock, hook, strict=True)
+    ]
+    return {
+        "stock": stock,
+        "hook": hook,
+        "ratios": ratios,
+        "median_mean_jct_ratio": statistics.median(r["mean_jct"] for r in ratios),
+        "median_wait_p90_ratio": statistics.median(r["first_turn_wait_p90"] for r in ratios),
+    }
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -190,6 +190,20 @@ def test_moves_kept_for_engines_away_count_toward_the_bounds_and_give_way_first(
     asyncio.run(scenario())
 
 
+def _churn(big: ControlPlaneClient, small: ControlPlaneClient, stop: threading.Event) -> None:
+    """New models until ``stop``: ``big``'s of 300 tools (whole snapshots of about a
+    megabyte), ``small``'s of one."""
+    for i in itertools.count():
+        if stop.is_set():
+            return
+        calls = [
+            ToolCall(f"e{i}-{k}", f"p{i}", f"tool{(i * 7 + k) % 300}", f"a{k % 5}", 1.5)
+            for k in range(200)
+        ]
+        big.record_tool_calls(calls)
+        small.record_tool_calls([ToolCall(f"c{i}", f"p{i}", "bash", "ls", 0.2)])
+
+
 def test_a_snapshot_stream_whose_client_stops_reading_is_ended(
     plane: ControlPlane, serve: Callable[..., AbstractContextManager[Any]]
 ) -> None:
@@ -211,20 +225,7 @@ def test_a_snapshot_stream_whose_client_stops_reading_is_ended(
         reading = Follower(calm.watch_snapshots())
         registry = server.server._servicer.metrics.registry
         stop = threading.Event()
-
-        def churn() -> None:  # 300 tools: whole snapshots of about a megabyte, new often
-            for i in itertools.count():
-                if stop.is_set():
-                    return
-                slow.record_tool_calls(
-                    [
-                        ToolCall(f"e{i}-{k}", f"p{i}", f"tool{(i * 7 + k) % 300}", f"a{k % 5}", 1.5)
-                        for k in range(200)
-                    ]
-                )
-                calm.record_tool_calls([ToolCall(f"c{i}", f"p{i}", "bash", "ls", 0.2)])
-
-        feeding = threading.Thread(target=churn, daemon=True)
+        feeding = threading.Thread(target=_churn, args=(slow, calm, stop), daemon=True)
         feeding.start()
         try:
             _until(
