@@ -234,6 +234,7 @@ class ControlPlane:
         Raises ``NameLimitExceededError`` (nothing stored) if the batch would give the
         tenant more distinct tool names or signatures than ``name_limits`` allow.
         """
+        time.sleep(0)  # after the caller's validation: a waiting thread takes the GIL now
         with self._write_lock:
             try:
                 check_names(self.state.models.durations, tenant.name, calls)

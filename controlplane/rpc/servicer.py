@@ -214,19 +214,7 @@ class Servicer(CoherenceMethods):
         raise AssertionError("unreachable")  # abort() always raises
 
     async def _request(self, requests: AsyncIterator[Any]) -> Any:
-        """The call's one request message, which must arrive within the gate's message
-        timeout (``Gate.message``, read here under ``asyncio.timeout``: no task, no extra
-        turn of the event loop per call, as ``asyncio.wait_for`` takes)."""
-        timeout = self.gate.budgets.message_timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                request = await anext(requests)
-        except StopAsyncIteration:
-            raise InvalidInputError("request", "the call ended without a message") from None
-        except TimeoutError:
-            raise SlowClientError(
-                f"request: no message within {timeout:g} s of the call's headers"
-            ) from None
+        request = await self.gate.message(requests)
         if isinstance(request, Malformed):
             raise InvalidInputError("request", f"malformed protobuf message: {request}")
         return request
@@ -312,7 +300,6 @@ class Servicer(CoherenceMethods):
     ) -> events_pb2.RecordToolCallsResponse:
         def work() -> events_pb2.RecordToolCallsResponse:
             calls = validation.tool_calls(request, self.limits)
-            time.sleep(0)  # a waiting event loop (decisions) takes the GIL now, not in 5 ms
             result = self.plane.record_tool_calls(tenant, calls)
             self.metrics.events(result.accepted, result.duplicates)
             return events_pb2.RecordToolCallsResponse(
