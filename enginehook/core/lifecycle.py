@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Generic, TypeVar
 
+from controlplane.records import NotPinnedCause
 from enginehook.core.admission import ProgramAdmission
 from enginehook.core.host import Admitted, Decider, EngineHost, Finish, FinishedTurn
 from enginehook.core.order import QueueOrder
@@ -35,11 +36,7 @@ from enginehook.core.priority import ProgramArrivals
 from enginehook.core.programs import MAX_PROGRAMS, Programs
 from enginehook.core.registries import ORDERINGS, VICTIMS
 from enginehook.core.rules import SchedulingRules
-from enginehook.core.tracker import (
-    CacheSeen,
-    NotPinnedCause,
-    ToolCallTracker,
-)
+from enginehook.core.tracker import CacheSeen, ToolCallTracker
 from enginehook.core.ttl import clip_ttl, finite_cap
 from estimator import RequestFacts
 

@@ -115,7 +115,7 @@ class CoherenceLink:
         cls, config: HookConfig, engine_id: str, on_moved: Callable[[], None] | None = None
     ) -> CoherenceLink:
         """A link to the hook's ``control_plane`` with its token and TLS settings."""
-        from enginehook.link.remote import client_from_config
+        from enginehook.link.transport import client_from_config
 
         return cls(client_from_config(config), engine_id, on_moved=on_moved)
 

@@ -41,7 +41,6 @@ from enginehook.link.transport import (
     GrpcTransport,
     PermanentError,
     Transport,
-    client_from_config,
     tls_from_config,
 )
 
@@ -53,7 +52,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ControlPlaneLink",
     # Kept for enginehook.link.coherence, which imports it from here.
-    "client_from_config",
 ]
 
 logger = logging.getLogger("enginehook.link.remote")
