@@ -64,15 +64,15 @@ def _check(args: argparse.Namespace, seconds: float) -> list[str]:
 
 
 class _Loader:
-    """An ingest process (``bench._ingest_process``) into one server, for one turn."""
+    """An ingest process (``benchload.ingest_process``) into one server, for one turn."""
 
     def __init__(self, target: str, token: str, rate: float, prefix: str) -> None:
-        from controlplane.cli.bench import _ingest_process
+        from controlplane.cli.benchload import ingest_process
 
         ctx = multiprocessing.get_context("spawn")
         self.stop, self.ready, self.out = ctx.Event(), ctx.Event(), ctx.Queue()
         args = (target, token, rate, self.stop, self.ready, self.out, prefix)
-        self.process = ctx.Process(target=_ingest_process, args=args, daemon=True)
+        self.process = ctx.Process(target=ingest_process, args=args, daemon=True)
 
     def __enter__(self) -> _Loader:
         self.process.start()
@@ -99,14 +99,14 @@ def _turn(
     turn: int,
 ) -> tuple[np.ndarray, float, float]:
     """One turn of ``arm``: latencies (s), events/s ingested, the load average after."""
-    from controlplane.cli.bench import _paced_latency
+    from controlplane.cli.benchload import paced_latency
 
     if arm == "none":
-        lat = _paced_latency(targets["same"], tokens["bench"], rate, seconds)
+        lat = paced_latency(targets["same"], tokens["bench"], rate, seconds)
         return lat, 0.0, os.getloadavg()[0]
     loader = _Loader(targets[arm], tokens[arm], ingest, f"t{turn}-")  # new events each turn
     with loader:
-        lat = _paced_latency(targets["same"], tokens["bench"], rate, seconds)
+        lat = paced_latency(targets["same"], tokens["bench"], rate, seconds)
     return lat, loader.rate, os.getloadavg()[0]
 
 
@@ -115,16 +115,16 @@ def measure(
 ) -> dict[str, dict[str, Any]]:
     """Every arm's figures: ``p50_ms``, ``p99_ms``, ``max_ms``, ``n``, ``ingest_per_s``
     (mean over turns) and ``loads`` (each turn's 1-minute load average)."""
-    from controlplane.cli.bench import _prepare, _server
+    from controlplane.cli.benchload import prepare, server
 
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'decide.sqlite3'}"
         other_url = f"sqlite:///{Path(tmp) / 'other.sqlite3'}"
-        token, loader = _prepare(url, 2000)
-        _, other_loader = _prepare(other_url, 0)
+        token, loader = prepare(url, 2000)
+        _, other_loader = prepare(other_url, 0)
         tokens = {"bench": token, "same": loader, "other": other_loader}
         got: dict[str, list[tuple[np.ndarray, float, float]]] = {a: [] for a in arms}
-        with _server(url) as target, _server(other_url) as other:
+        with server(url) as target, server(other_url) as other:
             targets = {"same": target, "other": other}
             for turn in range(rounds):
                 for arm in arms:
