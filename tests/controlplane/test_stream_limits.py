@@ -169,7 +169,7 @@ def test_moves_kept_for_engines_away_count_toward_the_bounds_and_give_way_first(
             await asyncio.sleep(0)
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
-            await stream.aclose()
+            await stream.aclose()  # type: ignore[attr-defined]  # an async generator
         now = time.time()
         hub.tell("acme", [Move(f"p{i}", "a", "x", now) for i in range(6)])
         hub.tell("acme", [Move(f"q{i}", "b", "x", now) for i in range(6)])
@@ -217,7 +217,7 @@ def test_a_snapshot_stream_whose_client_stops_reading_is_ended(
         slow = ControlPlaneClient(server.target, slow_token)
         calm = ControlPlaneClient(server.target, calm_token)
         channel = grpc.insecure_channel(server.target)
-        stub = model_pb2_grpc.ModelServiceStub(channel)
+        stub = model_pb2_grpc.ModelServiceStub(channel)  # type: ignore[no-untyped-call]
         unread = stub.WatchSnapshots(  # whole snapshots, never read
             model_pb2.WatchSnapshotsRequest(),
             metadata=(("authorization", f"Bearer {slow_token}"),),
