@@ -8,7 +8,9 @@ Learning a sample costs a write to the arrival-order ring and the detector's upd
 sorted copy the CDF and the TTL search read is brought up to date when it is next read
 (up to :data:`RESORT_AFTER` pending samples are placed one by one, more by one sort), so a
 model learned many times between two reads pays one sort, not one shift per sample. Both
-give the same sorted window, hence the same decisions. A streaming histogram of the
+give the same sorted window, hence the same decisions. A read may thus write: readers in
+several threads take the lock learning takes (the control plane's model lock, the engine
+link's own), as they must for reads beside learning anyway. A streaming histogram of the
 window's log-durations (River ``sketch.Histogram``) is built only when asked for
 (:meth:`DurationModel.summary_cdf`); no decision reads it.
 """
