@@ -7,8 +7,9 @@ Two ``serve`` processes on fresh SQLite files. One tenant asks ``DecideTtl`` at 
 into the second server (arm ``other``: the same load on the machine, none on the server
 timed), or with no ingest at all (arm ``none``). The arms run in turns, ``--rounds`` times
 each for ``--seconds`` a turn, so that the machine's other work falls on every arm alike.
-Printed per arm: p50, p99 and max in ms over all its turns, the ingest achieved and the
-1-minute load average at each turn; then the ratios of ``same`` to ``other``.
+Printed per arm: p50, p99 and max in ms over all its turns, the ingest achieved (mean, and
+each turn's) and the 1-minute load average at each turn; then the ratios of ``same`` to
+``other``.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def measure(
     arms: list[str], rate: float, ingest: float, seconds: float, rounds: int
 ) -> dict[str, dict[str, Any]]:
     """Every arm's figures: ``p50_ms``, ``p99_ms``, ``max_ms``, ``n``, ``ingest_per_s``
-    (mean over turns) and ``loads`` (each turn's 1-minute load average)."""
+    (mean over turns), ``ingest_turns`` and ``loads`` (each turn's events/s stored and
+    1-minute load average)."""
     from controlplane.cli.benchload import prepare, server
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,6 +141,7 @@ def measure(
             "max_ms": float(lat.max()),
             "n": int(lat.size),
             "ingest_per_s": float(np.mean([t[1] for t in turns])),
+            "ingest_turns": [round(t[1]) for t in turns],
             "loads": [round(t[2], 2) for t in turns],
         }
     return figures
@@ -154,9 +157,11 @@ def lines(figures: dict[str, dict[str, Any]], rate: float, ingest: float) -> lis
     out = [f"DecideTtl at {rate:g} req/s beside {ingest:g} events/s of ingest"]
     for arm, f in figures.items():
         loads = ", ".join(f"{x:.2f}" for x in f["loads"])
+        turns = ", ".join(str(x) for x in f["ingest_turns"])
         out.append(
             f"  {arm:<5} ({what[arm]}): p50 {f['p50_ms']:.3f} ms  p99 {f['p99_ms']:.3f} ms  "
-            f"max {f['max_ms']:.1f} ms  n {f['n']}  ingest {f['ingest_per_s']:,.0f} events/s  "
+            f"max {f['max_ms']:.1f} ms  n {f['n']}  ingest {f['ingest_per_s']:,.0f} events/s "
+            f"({turns})  "
             f"load {loads}"
         )
     if "same" in figures and "other" in figures:
