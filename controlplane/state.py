@@ -25,13 +25,22 @@ from controlplane.records import PinOutcome, StoredProgramEnd, StoredToolCall
 from controlplane.sharing import SharedModels, SharingRules
 from estimator import DEFAULT_PROFILE, DurationModel, Models, TtlPolicy
 
-__all__ = ["ModelState", "PinCounts"]
+__all__ = ["END_WINDOW_S", "ModelState", "PinCounts"]
 
 #: Outcomes after which the returning turn waited for its cache to be rebuilt: their
 #: admission delays feed T.
 _RELEASED = (PinOutcome.EXPIRED, PinOutcome.RELEASED_UNDER_PRESSURE, PinOutcome.NOT_PINNED)
 #: Layout of the state; a snapshot of another layout is not reused (the log is replayed).
-FORMAT = 2
+FORMAT = 3
+#: Two ends of one program (tenant, program id) whose times are at most this far apart are
+#: one end seen by two engines (each stamps its own clock: a last turn retried on another
+#: engine, a program that moved and was also taken for abandoned where it had been). Reruns
+#: of a program id end further apart: a run takes longer than this (a rerun's end within it
+#: would be taken for the first). Ends without a time are not compared.
+END_WINDOW_S = 5.0
+
+#: Recent timed ends remembered (all tenants) to tell another engine's view of an end.
+RECENT_ENDS = 4096
 #: How long pickling holds the owner's lock at a time (one model more at most).
 LOCK_SLICE_S = 0.0005
 T = TypeVar("T")
@@ -82,6 +91,10 @@ class ModelState:
     pins: dict[tuple[str, str], PinCounts] = field(default_factory=dict)
     tool_calls: dict[str, int] = field(default_factory=dict)
     programs: dict[str, int] = field(default_factory=dict)
+    #: Ends that corrected an earlier end's count (per tenant): they change the models.
+    revisions: dict[str, int] = field(default_factory=dict)
+    #: (tenant, program id) -> (finished_at, turns learned) of the last RECENT_ENDS ends.
+    recent_ends: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
     #: tenant -> tool -> argument signatures seen (linear listings, per-tenant snapshots).
     index: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     shared: SharedModels = field(default_factory=SharedModels)
@@ -113,6 +126,7 @@ class ModelState:
         """What ``tenant`` is told: its own events learned, plus shared publications if
         it shares (equal versions ⇒ equal models as that tenant sees them)."""
         own = self.tool_calls.get(tenant, 0) + self.programs.get(tenant, 0)
+        own += self.revisions.get(tenant, 0)
         return own + self.shared.publications if share else own
 
     def apply_tool_calls(self, rows: Iterable[StoredToolCall]) -> int:
@@ -143,16 +157,39 @@ class ModelState:
         return applied
 
     def apply_program_ends(self, rows: Iterable[StoredProgramEnd]) -> int:
-        """Learn committed program ends in order, skipping any at or below ``end_seq``."""
+        """Learn committed program ends in order, skipping any at or below ``end_seq``.
+
+        An end within ``END_WINDOW_S`` of a recent end of the same program is that run
+        seen by another engine (the store keeps it only when it counts more turns): it
+        corrects the count learned, in its place, and is no program of its own.
+        """
         applied = 0
         for row in rows:
             if row.seq <= self.end_seq:
                 continue
-            self.models.record_program_end(row.end.total_turns, row.tenant)
-            self.programs[row.tenant] = self.programs.get(row.tenant, 0) + 1
+            self._learn_end(row)
             self.end_seq = row.seq
             applied += 1
         return applied
+
+    def _learn_end(self, row: StoredProgramEnd) -> None:
+        tenant, end = row.tenant, row.end
+        key = (tenant, end.program_id)
+        seen = self.recent_ends.get(key)
+        at = end.finished_at
+        if seen is not None and at is not None and abs(seen[0] - at) <= END_WINDOW_S:
+            if end.total_turns > seen[1]:
+                self.models.revise_program_end(seen[1], end.total_turns, tenant)
+                self.recent_ends[key] = (seen[0], end.total_turns)
+                self.revisions[tenant] = self.revisions.get(tenant, 0) + 1
+            return
+        self.models.record_program_end(end.total_turns, tenant)
+        self.programs[tenant] = self.programs.get(tenant, 0) + 1
+        if at is not None:
+            self.recent_ends.pop(key, None)
+            self.recent_ends[key] = (at, end.total_turns)
+            if len(self.recent_ends) > RECENT_ENDS:
+                del self.recent_ends[next(iter(self.recent_ends))]
 
     def pin_counts(self, tenant: str, tool: str) -> PinCounts:
         return self.pins.get((tenant, tool), PinCounts())

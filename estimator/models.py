@@ -113,6 +113,14 @@ class Models:
         stats.eta.update(total_turns)  # validates first: nothing half-updated
         stats.remaining.update(total_turns)
 
+    def revise_program_end(self, total_turns: int, corrected: int, tenant: str = "default") -> None:
+        """Correct the latest program learned as ``total_turns`` turns to ``corrected``
+        (the same program's end as another engine saw it), where it stands in η's and
+        the remaining turns' windows."""
+        stats = self.workload(tenant)
+        stats.eta.revise(total_turns, corrected)
+        stats.remaining.revise(total_turns, corrected)
+
     def record_queue_delay(self, delay_s: float, tenant: str = "default") -> None:
         """Learn the admission delay of a returning request whose cache had been released."""
         self.workload(tenant).queue.update(delay_s)

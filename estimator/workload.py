@@ -27,6 +27,14 @@ def _pair_sums(n: int) -> tuple[int, int, int, int]:
     return s1, s2, n * s1 - s2, m
 
 
+def _latest(window: deque[int], value: int) -> int | None:
+    """The index of the last ``value`` in ``window``, or None."""
+    for i in range(len(window) - 1, -1, -1):
+        if window[i] == value:
+            return i
+    return None
+
+
 class MemoryFactor(Estimator):
     """η = −Corr(k, N−k) over the (k, N−k) pairs of the last ``window`` completed programs.
 
@@ -59,6 +67,19 @@ class MemoryFactor(Estimator):
             self._add(self._programs.popleft(), -1)
         self._programs.append(total_turns)
         self._add(total_turns, 1)
+
+    def revise(self, total_turns: int, corrected: int) -> bool:
+        """Correct the latest program learned as ``total_turns`` to ``corrected`` turns
+        (another engine saw more of it), in its place; False if none is in the window."""
+        if check_count("corrected", corrected) < 1:
+            raise ValueError(f"corrected must be >= 1, got {corrected!r}")
+        i = _latest(self._programs, total_turns)
+        if i is None:
+            return False
+        self._programs[i] = corrected
+        self._add(total_turns, -1)
+        self._add(corrected, 1)
+        return True
 
     def _add(self, n: int, sign: int) -> None:
         for i, value in enumerate(_pair_sums(n)):
@@ -109,6 +130,17 @@ class RemainingTurns(Estimator):
             raise ValueError(f"total_turns must be >= 1, got {total_turns!r}")
         self._programs.append(total_turns)
         self._sorted = None
+
+    def revise(self, total_turns: int, corrected: int) -> bool:
+        """As :meth:`MemoryFactor.revise`: the latest ``total_turns`` becomes ``corrected``."""
+        if check_count("corrected", corrected) < 1:
+            raise ValueError(f"corrected must be >= 1, got {corrected!r}")
+        i = _latest(self._programs, total_turns)
+        if i is None:
+            return False
+        self._programs[i] = corrected
+        self._sorted = None
+        return True
 
     def expected_remaining(self, turns_served: int) -> float:
         """Expected turns still to come after ``turns_served`` (>= 0) turns."""

@@ -35,14 +35,7 @@ from controlplane.records import (
     ToolCall,
 )
 
-__all__ = ["END_WINDOW_S", "SNAPSHOTS_KEPT", "Store", "hash_token", "new_token"]
-
-#: Two ends of one program (tenant, program id) whose times are at most this far apart are
-#: one end seen by two engines (each stamps its own clock: a last turn retried on another
-#: engine, a program that moved and was also taken for abandoned where it had been). Reruns
-#: of a program id end further apart: a run takes longer than this (a rerun's end within it
-#: would be taken for the first). Ends without a time are not compared.
-END_WINDOW_S = 5.0
+__all__ = ["SNAPSHOTS_KEPT", "Store", "hash_token", "new_token"]
 
 #: Snapshots kept per policy (older ones are deleted when a new one is saved).
 SNAPSHOTS_KEPT = 2
@@ -101,11 +94,11 @@ class Store(ABC):
 
         An end is identified by (tenant, ``program_id``, ``finished_at``): a program id that
         runs again ends at another time and that end is stored too, while resending the
-        same end (a retry) is a repeat whatever its ``total_turns``. An end within
-        :data:`END_WINDOW_S` of a stored end of the same program at another time is that
-        end as another engine saw it: a repeat too, and the stored end keeps the larger
-        ``total_turns`` (raised in place, keeping its ``seq``). Ends without
-        ``finished_at`` stay one per program id (None is matched as a value).
+        same end (a retry) is a repeat whatever its ``total_turns``. Another engine's view
+        of the same end, stamped by its own clock, is stored as an end of its own (the
+        log is only appended to; learning tells the two apart, see
+        ``ModelState.apply_program_ends``). Ends without ``finished_at`` stay one per
+        program id (None is matched as a value).
         """
 
     @abstractmethod

@@ -18,7 +18,7 @@ from controlplane.records import (
     Tenant,
     ToolCall,
 )
-from controlplane.storage.base import END_WINDOW_S, SNAPSHOTS_KEPT, Store
+from controlplane.storage.base import SNAPSHOTS_KEPT, Store
 
 __all__ = ["MemoryStore"]
 
@@ -33,8 +33,7 @@ class MemoryStore(Store):
         self._calls: list[StoredToolCall] = []
         self._event_ids: set[tuple[int, str]] = set()
         self._ends: list[StoredProgramEnd] = []
-        #: (tenant id, program id) -> the indexes in ``_ends`` of its ends.
-        self._end_ids: dict[tuple[int, str], list[int]] = {}
+        self._end_ids: set[tuple[int, str, float | None]] = set()
         self._snapshots: dict[str, list[SnapshotRecord]] = {}
 
     def create_tenant(self, name: str, share: bool, token_hash: str, now: float) -> Tenant:
@@ -94,16 +93,10 @@ class MemoryStore(Store):
 
     def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
         with self._lock:
-            ends = self._end_ids.setdefault((tenant.id, end.program_id), [])
-            at = end.finished_at
-            same = [i for i in ends if _same_time(self._ends[i].end.finished_at, at)]
-            if same:  # one end per run; the nearest in time is the one seen again
-                i = min(same, key=lambda i: abs((self._ends[i].end.finished_at or 0) - (at or 0)))
-                row = self._ends[i]
-                if row.end.finished_at != at and end.total_turns > row.end.total_turns:
-                    self._ends[i] = replace(row, end=replace(row.end, total_turns=end.total_turns))
+            key = (tenant.id, end.program_id, end.finished_at)  # one end per run
+            if key in self._end_ids:
                 return None
-            ends.append(len(self._ends))
+            self._end_ids.add(key)
             seq = len(self._ends) + 1
             self._ends.append(StoredProgramEnd(seq, tenant.name, end))
             return seq
@@ -172,10 +165,3 @@ class MemoryStore(Store):
         with self._lock:
             kept = self._snapshots.get(policy)
             return kept[-1] if kept else None
-
-
-def _same_time(stored: float | None, at: float | None) -> bool:
-    """Whether an end at ``at`` is the stored end at ``stored`` (``END_WINDOW_S``)."""
-    if stored is None or at is None:
-        return stored is at
-    return abs(stored - at) <= END_WINDOW_S

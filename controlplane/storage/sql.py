@@ -41,7 +41,7 @@ from controlplane.records import (
     ToolCall,
     TurnCache,
 )
-from controlplane.storage.base import END_WINDOW_S, SNAPSHOTS_KEPT, Store
+from controlplane.storage.base import SNAPSHOTS_KEPT, Store
 from controlplane.storage.migrate import check_schema
 from controlplane.storage.schema import program_ends, snapshots, tenants, tool_events
 
@@ -395,26 +395,15 @@ class SqlStore(Store):
     def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
         with transaction(self.engine, write=True) as c:
             # One end per run: a rerun of the program id ends at another time, a resend
-            # of this end carries the same one (None matches None: IS NULL), another
-            # engine's view of it one within END_WINDOW_S (the nearest; the larger count).
-            at, column = end.finished_at, program_ends.c.finished_at
-            near = (
-                column.is_(None)
-                if at is None
-                else column.between(at - END_WINDOW_S, at + END_WINDOW_S)
-            )
-            query = select(program_ends.c.seq, program_ends.c.total_turns, column).where(
+            # of this end carries the same one (None matches None: IS NULL). Another
+            # engine's view of an end, at its own clock's time, is a row of its own: the
+            # models tell it apart when they learn the log (ModelState.apply_program_ends).
+            query = select(program_ends.c.seq).where(
                 program_ends.c.tenant_id == tenant.id,
                 program_ends.c.program_id == end.program_id,
-                near,
+                program_ends.c.finished_at == end.finished_at,
             )
-            if at is not None:
-                query = query.order_by(func.abs(column - at)).limit(1)
-            same = c.execute(query).first()
-            if same is not None:
-                if same.finished_at != at and end.total_turns > same.total_turns:
-                    raised = update(program_ends).where(program_ends.c.seq == same.seq)
-                    c.execute(raised.values(total_turns=end.total_turns))
+            if c.execute(query).first() is not None:
                 return None
             values = {
                 "tenant_id": tenant.id,

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -113,8 +114,13 @@ def test_sigkill_mid_ingest_loses_no_acknowledged_event(tmp_path: Path) -> None:
         rows = stored.read_tool_calls(0, 100_000)
         assert acked <= {r.call.event_id for r in rows}
         assert client.workload_stats().tool_calls == len(rows)
-        restored = ControlPlane(stored, min_samples=10)  # what a restart does
+        # The killed server may have died before its first snapshot landed; this one
+        # writes its own within --snapshot-interval of starting (write-behind).
+        deadline = time.monotonic() + 30.0
+        while stored.latest_snapshot("cachettl") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert stored.latest_snapshot("cachettl") is not None
+        restored = ControlPlane(stored, min_samples=10)  # what a restart does
         replay = ModelState.fresh(restored.policy, min_samples=10)
         replay.apply_tool_calls(rows)
         _same_models(restored.state, replay)

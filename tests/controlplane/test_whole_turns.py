@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 
+from controlplane import inspection
 from controlplane.records import ProgramEnd, Tenant
 from controlplane.rpc.client import ControlPlaneClient
 from controlplane.service import ControlPlane
+from controlplane.state import END_WINDOW_S, ModelState
 from controlplane.storage import Store
-from controlplane.storage.base import END_WINDOW_S
 from enginehook.core.host import FinishedTurn
 from enginehook.core.lifecycle import PinController
 from enginehook.core.rules import SchedulingRules
@@ -226,10 +227,12 @@ def test_two_engines_ends_of_one_program_are_one_end_with_the_larger_count(
     cluster, tmp_path: Path
 ) -> None:
     """Without pin coherence the engine a program left forgets it as abandoned and reports
-    the turns it saw; the engine that ends it reports them all. Within ``END_WINDOW_S`` of
-    each other they are one end, stored whole whichever arrives first; a rerun of the
-    program id later is an end of its own."""
+    the turns it saw; the engine that ends it reports them all. Both ends are stored (the
+    log is only appended to); within ``END_WINDOW_S`` of each other they are learned as
+    one program with the larger count, whichever arrives first; a rerun of the program id
+    later is a program of its own."""
     store, server, token = cluster
+    plane = server.server.plane
     a = Engine("engine-a", server, token, tmp_path, coherent=False)
     b = Engine("engine-b", server, token, tmp_path, coherent=False)
     try:
@@ -239,23 +242,24 @@ def test_two_engines_ends_of_one_program_are_one_end_with_the_larger_count(
         b.turn("p", chat_xargs("p", 3), now + 3)
         b.turn("p", chat_xargs("p", 4), now + 4, last=True)
         assert b.link.flush(10.0)
-        assert [e.total_turns for e in _ends(store)] == [5]
         assert a.controller.forget_idle(now + 10, idle_s=5.0) == ["p"]  # ends at now + 2.1
         assert a.link.flush(10.0)
-        assert [e.total_turns for e in _ends(store)] == [5]
-        # the other order, on another program: the partial end first, raised after
+        # the other order, on another program: the partial end first, corrected after
         for i in range(2):
             a.turn("q", chat_xargs("q", i), now + i)
         assert a.controller.forget_idle(now + 10, idle_s=5.0) == ["q"]
         assert a.link.flush(10.0)
         b.turn("q", chat_xargs("q", 2), now + 3, last=True)
         assert b.link.flush(10.0)
-        ends = {e.program_id: e for e in _ends(store)}
-        assert (ends["p"].total_turns, ends["q"].total_turns) == (5, 3)
-        assert ends["q"].finished_at == pytest.approx(now + 1.1)  # its place kept
+        ends = [(e.program_id, e.total_turns) for e in _ends(store)]
+        assert ends == [("p", 5), ("p", 3), ("q", 2), ("q", 3)]
+        assert plane.workload_stats("acme").programs_completed == 2
+        assert _learned_lengths(plane) == [5, 3]  # q's count corrected in its place
         a.turn("p", chat_xargs("p", 0), now + END_WINDOW_S + 60, last=True)  # a rerun
         assert a.link.flush(10.0)
-        assert sorted(e.total_turns for e in _ends(store) if e.program_id == "p") == [1, 5]
+        assert plane.workload_stats("acme").programs_completed == 3
+        assert _learned_lengths(plane) == [5, 3, 1]
+        _replay_learns_the_same(plane, "acme")
     finally:
         a.close()
         b.close()
@@ -263,18 +267,45 @@ def test_two_engines_ends_of_one_program_are_one_end_with_the_larger_count(
 
 @pytest.mark.parametrize("db_url", BACKENDS, indirect=True)
 def test_an_end_seen_again_keeps_the_larger_count_and_learns_once(store: Store) -> None:
+    """Another engine's view of an end is a row of its own; learning it corrects the
+    count learned where it stands (a smaller count changes nothing), and a replay of the
+    log learns exactly what the live models did."""
     plane = ControlPlane(store, min_samples=1)
     tenant, _ = plane.create_tenant("acme")
     assert isinstance(tenant, Tenant)
-    assert plane.record_program_end(tenant, ProgramEnd("p", 3, 1000.0)) == 1
-    assert plane.record_program_end(tenant, ProgramEnd("p", 5, 1000.0 + END_WINDOW_S)) is None
-    assert plane.record_program_end(tenant, ProgramEnd("p", 4, 999.5)) is None
+    for turns in (4, 7):  # two other programs before it, so η is defined
+        assert plane.record_program_end(tenant, ProgramEnd(f"o{turns}", turns, 900.0))
+    assert plane.record_program_end(tenant, ProgramEnd("p", 3, 1000.0)) == 3
+    before = plane.tenant_version(tenant)
+    assert plane.record_program_end(tenant, ProgramEnd("p", 5, 1000.0 + END_WINDOW_S)) == 4
+    assert plane.tenant_version(tenant) == before + 1  # the models changed
+    assert plane.record_program_end(tenant, ProgramEnd("p", 4, 999.5)) == 5  # fewer
+    assert plane.tenant_version(tenant) == before + 1
     assert plane.record_program_end(tenant, ProgramEnd("p", 9, 1000.0)) is None  # a resend
-    assert _ends(store) == [ProgramEnd("p", 5, 1000.0)]
-    assert plane.workload_stats("acme").programs_completed == 1
+    assert plane.workload_stats("acme").programs_completed == 3
+    assert _learned_lengths(plane) == [4, 7, 5]
+    lengths = ModelState.fresh(plane.policy, min_samples=1)  # what 4, 7, 5 alone give
+    for turns in (4, 7, 5):
+        lengths.models.record_program_end(turns, "acme")
+    assert plane.workload_stats("acme").eta == inspection.workload(lengths, "acme").eta
+    _replay_learns_the_same(plane, "acme")
     later = 1000.0 + END_WINDOW_S + 0.5
-    assert plane.record_program_end(tenant, ProgramEnd("p", 2, later)) == 2  # a rerun
-    assert plane.record_program_end(tenant, ProgramEnd("o", 2, 1000.0)) == 3  # another
+    assert plane.record_program_end(tenant, ProgramEnd("p", 2, later)) == 6  # a rerun
+    assert plane.record_program_end(tenant, ProgramEnd("o", 2, 1000.0)) == 7  # another
+    assert _learned_lengths(plane) == [4, 7, 5, 2, 2]
+
+
+def _learned_lengths(plane: ControlPlane) -> list[int]:
+    """The program lengths the tenant's remaining-turns window holds, oldest first."""
+    return list(plane.state.models.workload("acme").remaining._programs)
+
+
+def _replay_learns_the_same(plane: ControlPlane, tenant: str) -> None:
+    replay = ModelState.fresh(plane.policy, min_samples=1)
+    replay.apply_tool_calls(plane.store.read_tool_calls(0, 1000))
+    replay.apply_program_ends(plane.store.read_program_ends(0, 1000))
+    assert inspection.workload(replay, tenant) == plane.workload_stats(tenant)
+    assert list(replay.models.workload(tenant).remaining._programs) == _learned_lengths(plane)
 
 
 def _until_watching(a: Engine, b: Engine) -> None:

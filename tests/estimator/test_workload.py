@@ -59,6 +59,34 @@ def test_remaining_turns_is_conditional_mean() -> None:
     assert rt.expected_remaining(1000) == rt.prior_turns
 
 
+def test_a_revised_length_is_as_if_learned_so_and_kept_in_its_place() -> None:
+    """A program's length corrected later (another engine saw more of it) gives what
+    learning the corrected length in its place gives, also once the window moves on."""
+    lengths = [3, 8, 5, 3, 9, 2]
+    corrected = [3, 8, 5, 6, 9, 2]  # the last 3 was 6
+    eta, rt = MemoryFactor(window=4), RemainingTurns(window=4)
+    want_eta, want_rt = MemoryFactor(window=4), RemainingTurns(window=4)
+    for n, m in zip(lengths, corrected, strict=True):
+        eta.update(n)
+        rt.update(n)
+        want_eta.update(m)
+        want_rt.update(m)
+        if n == 3 and eta.n_programs == 4:
+            assert eta.revise(3, 6)
+            assert rt.revise(3, 6)
+    assert eta.get() == want_eta.get()
+    for k in (0, 2, 5):
+        assert rt.expected_remaining(k) == want_rt.expected_remaining(k)
+    for n in (4, 4, 4, 4):  # the corrected program leaves the window like any other
+        for a in (eta, rt, want_eta, want_rt):
+            a.update(n)
+    assert eta.get() == want_eta.get() == 1.0
+    assert not eta.revise(6, 7)
+    assert not rt.revise(6, 7)
+    with pytest.raises(ValueError, match="corrected"):
+        eta.revise(4, 0)
+
+
 def test_queue_delay_window_mean() -> None:
     t = QueueDelay(window=3)
     assert t.get() == 0.0
