@@ -126,6 +126,11 @@ class CoherenceLink:
             self.dropped += 1
         self._arrivals.append((program_id, at))
 
+    @property
+    def pending(self) -> bool:
+        """Whether moves wait to be taken (any thread; one truthiness test)."""
+        return bool(self._moved)
+
     def moved(self) -> list[Moved]:
         """The programs that moved away since the last call (usually none)."""
         if not self._moved:

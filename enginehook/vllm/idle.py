@@ -4,10 +4,12 @@ vLLM's engine loop (``EngineCoreProc.run_busy_loop``) blocks on its input queue 
 request is in flight, so ``schedule()``, where the hook expires pins, does not run, and
 overdue pins (and the ``pins_held`` gauge) would linger until traffic comes. An
 :class:`IdleExpiry` thread wakes every ``interval_s``; when pins are held and the engine
-has not scheduled since its last wake, it sets :attr:`IdleExpiry.due` and puts vLLM's own
-no-op ``WAKEUP`` message on the engine core's input queue. The engine thread then asks the
-scheduler ``has_requests()`` (``EngineCore.has_work``), where the hook takes :attr:`due`
-and expires its pins: on the engine thread, as in ``schedule()``. The hot path pays one
+has not scheduled since its last wake, it asks for expiry and puts vLLM's own no-op
+``WAKEUP`` message on the engine core's input queue. The engine thread then asks the
+scheduler ``has_requests()`` (``EngineCore.has_work``), where the hook takes the request
+(:meth:`IdleExpiry.take`) and expires its pins: on the engine thread, as in ``schedule()``.
+A wake-up asked while the engine thread takes the previous one is not lost: requests are
+counted, and ``take`` compares the count with the one it last took. The hot path pays one
 attribute read per ``has_requests()``; an idle engine with pins wakes twice a second.
 
 The engine core's input queue is found on the stack while vLLM builds the scheduler (the
@@ -58,8 +60,9 @@ class IdleExpiry:
         schedule_calls: Callable[[], int],
         interval_s: float = 0.5,
     ) -> None:
-        #: Set by the thread, taken by the engine thread in ``has_requests()``.
-        self.due = False
+        #: Wake-ups asked (any thread) and the count the engine thread last took.
+        self._asked = 0
+        self._taken = 0
         #: Wake-ups sent.
         self.wakeups = 0
         self._inbox = inbox
@@ -79,15 +82,20 @@ class IdleExpiry:
             return
         from vllm.v1.engine import EngineCoreRequestType
 
-        self.due = True
+        self._asked += 1
         self.wakeups += 1
         self._inbox.put_nowait((EngineCoreRequestType.WAKEUP, None))
 
     def take(self) -> bool:
-        """Whether a wake-up asked for expiry (cleared); called on the engine thread."""
-        if not self.due:
+        """Whether a wake-up asked for expiry since the last call; on the engine thread.
+
+        The count is read once: a wake-up asked after that read is seen by the next call
+        (its ``WAKEUP`` message brings one), never cleared unseen.
+        """
+        asked = self._asked
+        if asked == self._taken:
             return False
-        self.due = False
+        self._taken = asked
         return True
 
     def _run(self) -> None:
@@ -97,7 +105,7 @@ class IdleExpiry:
         while not self._stop.wait(self._interval_s):
             calls = self._calls()
             if calls == last and self._pins_held() > 0 and self._inbox is not None:
-                self.due = True
+                self._asked += 1
                 self.wakeups += 1
                 self._inbox.put_nowait((EngineCoreRequestType.WAKEUP, None))
             last = calls

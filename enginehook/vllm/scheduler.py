@@ -349,7 +349,9 @@ class CacheTTLMixin(FinishedTurnHooks):
         return super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc,no-any-return]
 
     def has_requests(self) -> bool:
-        if self.idle.take():  # an idle engine woken to expire pins (enginehook.vllm.idle)
+        # An idle engine woken to expire pins (enginehook.vllm.idle), or told a program
+        # moved away (read here too, so no wake-up of the watcher's can be missed).
+        if self.idle.take() or (self.coherence is not None and self.coherence.pending):
             try:
                 now = self.clock()
                 self.controller.expire(now)

@@ -72,7 +72,12 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--real-policies",
         default="sticky_least_loaded,cache_aware",
-        help="--real: vllm-router policies",
+        help=(
+            "--real: vllm-router policies, comma-separated: any --policy the router takes "
+            "(sticky_least_loaded, cache_aware, consistent_hash, ...), or program_scheduling "
+            "(the router's program scheduling, each engine's KV pool as its token capacity) "
+            "and program_scheduling_by_count (no token capacity)"
+        ),
     )
     p.add_argument("--real-runs", type=int, default=3, help="--real: runs per policy and arm")
     p.add_argument(

@@ -220,8 +220,17 @@ def _moved_pins_released(
         time.sleep(0.05)
     released = cluster.metric(engine, MOVED) - before
     held = cluster.metric(engine, "cachettl_pins_held")
+    # Which side lost it: moves the engine heard against arrivals each engine reported.
+    counts = {
+        e.name: {
+            name: cluster.metric(e, f"cachettl_coherence_{name}_total")
+            for name in ("moves_received", "arrivals_reported", "arrivals_dropped")
+        }
+        for e in cluster.engines
+    }
     raise AssertionError(
         f"{engine.name}: {released} of {moved} pins released as moved, {held} held; "
+        f"coherence counters {counts}; "
         f"what the engines and control planes logged of coherence: {_coherence_lines(cluster)}"
     )
 
