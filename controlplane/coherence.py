@@ -28,7 +28,7 @@ True
 >>> where.arrived("acme", "engine-a", "p1", 12.0) is None   # back on the same engine
 True
 >>> where.arrived("acme", "engine-b", "p1", 15.0)           # moved: engine-a must hear it
-'engine-a'
+Move(program_id='p1', from_engine='engine-a', to_engine='engine-b', arrived_at=15.0)
 >>> where.arrived("other", "engine-a", "p1", 16.0) is None  # program ids are per tenant
 True
 """
@@ -64,18 +64,23 @@ class ProgramLocations:
         self.max_programs = max_programs
         self._tenants: dict[str, OrderedDict[str, Location]] = {}
 
-    def arrived(self, tenant: str, engine_id: str, program_id: str, at: float) -> str | None:
-        """A turn of ``program_id`` arrived at ``engine_id``. Returns the engine the program
-        moved away from (its previous turn arrived there), or ``None`` when the program is
-        new here or stayed on the same engine."""
+    def arrived(self, tenant: str, engine_id: str, program_id: str, at: float) -> Move | None:
+        """A turn of ``program_id`` arrived at ``engine_id`` at ``at``. Returns the move an
+        engine must hear, or ``None`` when the program is new here or stayed on the same
+        engine: the program left the engine of its previous turn for this one, or, when
+        this arrival is older than the one stored (its report came late, after the next
+        turn's elsewhere), it left this engine for the stored one, which stays."""
         programs = self._tenants.setdefault(tenant, OrderedDict())
         before = programs.pop(program_id, None)
-        programs[program_id] = Location(engine_id, at)
+        stale = before is not None and at < before.arrived_at
+        programs[program_id] = before if stale and before is not None else Location(engine_id, at)
         if len(programs) > self.max_programs:
             programs.popitem(last=False)
         if before is None or before.engine_id == engine_id:
             return None
-        return before.engine_id
+        if stale:
+            return Move(program_id, engine_id, before.engine_id, before.arrived_at)
+        return Move(program_id, before.engine_id, engine_id, at)
 
     def report(
         self, tenant: str, engine_id: str, arrivals: Iterable[tuple[str, float]]
@@ -88,13 +93,18 @@ class ProgramLocations:
         []
         >>> where.report("acme", "engine-b", [("p1", 2.0), ("p1", 2.5), ("p3", 2.0)])
         [Move(program_id='p1', from_engine='engine-a', to_engine='engine-b', arrived_at=2.0)]
+        >>> where.report("acme", "engine-c", [("p2", 3.0)])
+        [Move(program_id='p2', from_engine='engine-a', to_engine='engine-c', arrived_at=3.0)]
+        >>> where.report("acme", "engine-a", [("p2", 1.5)])  # late: p2 went on to engine-c
+        [Move(program_id='p2', from_engine='engine-a', to_engine='engine-c', arrived_at=3.0)]
+        >>> where.where("acme", "p2")
+        Location(engine_id='engine-c', arrived_at=3.0)
         """
-        moves = []
-        for program, at in arrivals:
-            left = self.arrived(tenant, engine_id, program, at)
-            if left is not None:
-                moves.append(Move(program, left, engine_id, at))
-        return moves
+        return [
+            move
+            for program, at in arrivals
+            if (move := self.arrived(tenant, engine_id, program, at))
+        ]
 
     def engines(self, tenant: str) -> Counter[str]:
         """How many of the tenant's programs were last seen on each engine."""

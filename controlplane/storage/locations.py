@@ -7,7 +7,9 @@ replica A and one linked to replica B share no server memory, so pin coherence
 row per (tenant, program id).
 
 A report is one statement (:data:`_REPORT`), one round trip, its own transaction: it locks
-the reported programs' rows, upserts their new engine, and publishes the moves it found
+the reported programs' rows, upserts their new engine (unless the row holds a later
+arrival: a report that came late leaves it, and its engine is told where the program went
+on), and publishes the moves it found
 (``pg_notify`` on the schema's channel, :func:`channel_of`), in payloads of at most
 :data:`PAYLOAD_BYTES` (PostgreSQL refuses 8,000 or more), which it also returns. Two
 replicas reporting the same program serialise on its row, so each move is found once, by
@@ -98,7 +100,7 @@ WITH arrived AS (
         AS a(program_id, arrived_at)
 ),
 before AS MATERIALIZED (
-    SELECT l.program_id, l.engine_id
+    SELECT l.program_id, l.engine_id, l.arrived_at
     FROM program_locations l JOIN arrived a ON a.program_id = l.program_id
     WHERE l.tenant_id = %(tenant)s
     ORDER BY l.program_id
@@ -113,9 +115,14 @@ stored AS (
         engine_id = EXCLUDED.engine_id,
         arrived_at = EXCLUDED.arrived_at,
         seen_at = EXCLUDED.seen_at
+    WHERE program_locations.arrived_at <= EXCLUDED.arrived_at
 ),
 moves AS (
-    SELECT a.program_id, json_build_array(b.engine_id, a.program_id, a.arrived_at) AS item
+    SELECT a.program_id, CASE
+        WHEN a.arrived_at >= b.arrived_at
+        THEN json_build_array(b.engine_id, a.program_id, a.arrived_at)
+        ELSE json_build_array(CAST(%(engine)s AS TEXT), a.program_id, b.arrived_at, b.engine_id)
+    END AS item
     FROM arrived a JOIN before b ON b.program_id = a.program_id
     WHERE b.engine_id <> %(engine)s
 ),
@@ -162,7 +169,8 @@ def channel_of(schema: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Published:
-    """One payload: moves of one tenant's programs to one engine, by one replica."""
+    """One payload: the moves one engine's report revealed, of one tenant, by one replica
+    (to that engine, or, for a late report, from it to where the program went on)."""
 
     replica: str
     tenant: str
@@ -174,16 +182,26 @@ def decode(payload: str) -> Published:
 
     >>> decode('{"r": "a1", "t": "acme", "to": "e2", "m": [["e1", "p1", 5.0]]}').moves
     (Move(program_id='p1', from_engine='e1', to_engine='e2', arrived_at=5.0),)
+    >>> decode('{"r": "a1", "t": "acme", "to": "e1", "m": [["e1", "p1", 9.0, "e3"]]}').moves
+    (Move(program_id='p1', from_engine='e1', to_engine='e3', arrived_at=9.0),)
     """
     try:
         body = json.loads(payload)
         replica, tenant, to, moves = body["r"], body["t"], body["to"], body["m"]
         if not all(isinstance(x, str) for x in (replica, tenant, to)):
             raise ValueError("r, t and to must be strings")
-        decoded = tuple(Move(str(p), str(f), to, float(at)) for f, p, at in moves)
+        decoded = tuple(_move(item, to) for item in moves)
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"moves payload: {error!r} in {payload[:200]!r}") from None
     return Published(replica, tenant, decoded)
+
+
+def _move(item: list[Any], to: str) -> Move:
+    """``[from, program, at]``, a move to the reporting engine ``to``, or ``[from,
+    program, at, elsewhere]``: a late report's program had gone on to ``elsewhere``."""
+    if len(item) not in (3, 4):
+        raise ValueError(f"a move has 3 or 4 items, got {item!r}")
+    return Move(str(item[1]), str(item[0]), str(item[3]) if len(item) == 4 else to, float(item[2]))
 
 
 def _deadlocked(error: StorageError) -> bool:

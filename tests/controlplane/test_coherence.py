@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from controlplane.coherence import ProgramLocations
+from controlplane.records import Move
 from controlplane.rpc.client import ControlPlaneClient
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
@@ -152,6 +153,6 @@ def test_locations_are_bounded_per_tenant_least_recent_first() -> None:
     assert len(where) == 3
     assert where.where("acme", "p0") is None  # forgotten: its next arrival counts as new
     assert where.arrived("acme", "engine-b", "p0", 9.0) is None
-    assert where.arrived("acme", "engine-b", "p4", 9.0) == "engine-a"
+    assert where.arrived("acme", "engine-b", "p4", 9.0) == Move("p4", "engine-a", "engine-b", 9.0)
     with pytest.raises(ValueError, match="max_programs must be >= 1"):
         ProgramLocations(max_programs=0)

@@ -204,6 +204,29 @@ def test_a_return_to_the_same_engine_or_a_refused_arrival_tells_nothing(
         on_a.close()
 
 
+def test_a_late_report_keeps_the_later_location_and_tells_its_engine(cluster: Cluster) -> None:
+    """engine-a's report of a turn comes after the program's next turn on engine-b was
+    reported (tried again after a failure, say): the location stays engine-b and engine-a
+    is told its program went there, through its own replica and through the other."""
+    a, b = cluster.a, cluster.b
+    on_a = a.watcher(cluster.token, "engine-a")
+    try:
+        on_a.ready(b.client, "engine-a")
+        drain(on_a, a.client, "sync")
+        now = time.time()
+        for program, late_via in (("late-1", a.client), ("late-2", b.client)):
+            assert b.client.report_arrivals("engine-b", [(program, now)]) == 0  # new
+            assert late_via.report_arrivals("engine-a", [(program, now - 3.0)]) == 1
+            assert next_move(on_a) == (program, "engine-b")
+            assert located(cluster.url, program) == "engine-b"
+            # engine-b's own next turn there is no move
+            assert a.client.report_arrivals("engine-b", [(program, now + 1.0)]) == 0
+        settle(on_a, b.client, "after-late")
+        assert on_a.moves.empty()
+    finally:
+        on_a.close()
+
+
 def test_a_full_batch_of_the_longest_ids_is_split_under_the_notify_limit(
     cluster: Cluster,
 ) -> None:

@@ -34,7 +34,7 @@ class _WakeDuringTake(IdleExpiry):
 
     armed = False
 
-    @property  # type: ignore[override]
+    @property
     def _asked(self) -> int:
         value = int(self.__dict__.get("asked", 0))
         if self.armed:
