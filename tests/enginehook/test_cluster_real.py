@@ -208,10 +208,11 @@ RELEASED_WITHIN_S = 2.0
 
 
 def _moved_pins_released(
-    engine: ClusterEngine, cluster: Cluster, before: float, moved: int
+    engine: ClusterEngine, cluster: Cluster, before: float, programs: list[str]
 ) -> None:
-    """Within :data:`RELEASED_WITHIN_S`, ``engine`` released ``moved`` pins as moved and
-    holds none."""
+    """Within :data:`RELEASED_WITHIN_S`, ``engine`` released the pins of ``programs`` as
+    moved and holds none."""
+    moved = len(programs)
     deadline = time.monotonic() + RELEASED_WITHIN_S
     while time.monotonic() < deadline:
         released = cluster.metric(engine, MOVED) - before
@@ -228,8 +229,10 @@ def _moved_pins_released(
         }
         for e in cluster.engines
     }
+    told = {e["program_id"] for e in engine.events() if e.get("pin_outcome") == "moved"}
     raise AssertionError(
         f"{engine.name}: {released} of {moved} pins released as moved, {held} held; "
+        f"no moved tool call for {[p for p in programs if p not in told]}; "
         f"coherence counters {counts}; "
         f"what the engines and control planes logged of coherence: {_coherence_lines(cluster)}"
     )
@@ -241,7 +244,7 @@ def _coherence_lines(cluster: Cluster) -> list[str]:
     lines = []
     for log in sorted(cluster.work.glob("*.log")):
         for line in log.read_text(errors="replace").splitlines():
-            if "coherence" in line or "moves between replicas" in line:
+            if "coherence" in line or "moves between replicas" in line or "CacheTTL: " in line:
                 lines.append(f"{log.name}: {line[-300:]}")
     return lines[-40:]
 
@@ -263,7 +266,7 @@ def test_a_worker_removed_and_added_back(cluster: Cluster, policy: str) -> None:
         for program in programs:
             program.turn(router.url, rng)
         assert all(p.turns[1].engine == other.address for p in programs)
-        _moved_pins_released(first, cluster, before, len(on_first))
+        _moved_pins_released(first, cluster, before, [p.name for p in on_first])
         calls = {
             e["program_id"]: e
             for e in first.events()
@@ -278,7 +281,7 @@ def test_a_worker_removed_and_added_back(cluster: Cluster, policy: str) -> None:
         for program in programs:
             program.turn(router.url, rng, last=True)
         back = [p for p in programs if p.turns[2].engine == first.address]
-        _moved_pins_released(other, cluster, before_other, len(back))
+        _moved_pins_released(other, cluster, before_other, [p.name for p in back])
     except BaseException:
         _drop_unfinished(cluster, programs)
         raise
