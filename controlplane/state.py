@@ -39,7 +39,8 @@ FORMAT = 3
 #: would be taken for the first). Ends without a time are not compared.
 END_WINDOW_S = 5.0
 
-#: Recent timed ends remembered (all tenants) to tell another engine's view of an end.
+#: Recent timed ends remembered per tenant to tell another engine's view of an end (one
+#: tenant's ends never push another's out).
 RECENT_ENDS = 4096
 #: How long pickling holds the owner's lock at a time (one model more at most).
 LOCK_SLICE_S = 0.0005
@@ -93,8 +94,8 @@ class ModelState:
     programs: dict[str, int] = field(default_factory=dict)
     #: Ends that corrected an earlier end's count (per tenant): they change the models.
     revisions: dict[str, int] = field(default_factory=dict)
-    #: (tenant, program id) -> (finished_at, turns learned) of the last RECENT_ENDS ends.
-    recent_ends: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+    #: tenant -> program id -> (finished_at, turns learned) of its last RECENT_ENDS ends.
+    recent_ends: dict[str, dict[str, tuple[float, int]]] = field(default_factory=dict)
     #: tenant -> tool -> argument signatures seen (linear listings, per-tenant snapshots).
     index: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     shared: SharedModels = field(default_factory=SharedModels)
@@ -160,8 +161,8 @@ class ModelState:
         """Learn committed program ends in order, skipping any at or below ``end_seq``.
 
         An end within ``END_WINDOW_S`` of a recent end of the same program is that run
-        seen by another engine (the store keeps it only when it counts more turns): it
-        corrects the count learned, in its place, and is no program of its own.
+        seen by another engine (the store keeps every end with its own time): with more
+        turns it corrects the count learned, in its place; it is no program of its own.
         """
         applied = 0
         for row in rows:
@@ -174,22 +175,22 @@ class ModelState:
 
     def _learn_end(self, row: StoredProgramEnd) -> None:
         tenant, end = row.tenant, row.end
-        key = (tenant, end.program_id)
-        seen = self.recent_ends.get(key)
+        recent = self.recent_ends.setdefault(tenant, {})  # bounded per tenant
+        seen = recent.get(end.program_id)
         at = end.finished_at
         if seen is not None and at is not None and abs(seen[0] - at) <= END_WINDOW_S:
             if end.total_turns > seen[1]:
                 self.models.revise_program_end(seen[1], end.total_turns, tenant)
-                self.recent_ends[key] = (seen[0], end.total_turns)
+                recent[end.program_id] = (seen[0], end.total_turns)
                 self.revisions[tenant] = self.revisions.get(tenant, 0) + 1
             return
         self.models.record_program_end(end.total_turns, tenant)
         self.programs[tenant] = self.programs.get(tenant, 0) + 1
         if at is not None:
-            self.recent_ends.pop(key, None)
-            self.recent_ends[key] = (at, end.total_turns)
-            if len(self.recent_ends) > RECENT_ENDS:
-                del self.recent_ends[next(iter(self.recent_ends))]
+            recent.pop(end.program_id, None)
+            recent[end.program_id] = (at, end.total_turns)
+            if len(recent) > RECENT_ENDS:
+                del recent[next(iter(recent))]
 
     def pin_counts(self, tenant: str, tool: str) -> PinCounts:
         return self.pins.get((tenant, tool), PinCounts())

@@ -27,12 +27,16 @@ def _pair_sums(n: int) -> tuple[int, int, int, int]:
     return s1, s2, n * s1 - s2, m
 
 
-def _latest(window: deque[int], value: int) -> int | None:
-    """The index of the last ``value`` in ``window``, or None."""
+def _replace_latest(window: deque[int], total_turns: int, corrected: int) -> bool:
+    """Replace the last ``total_turns`` in ``window`` with ``corrected`` (>= 1); False if
+    the window holds none."""
+    if check_count("corrected", corrected) < 1:
+        raise ValueError(f"corrected must be >= 1, got {corrected!r}")
     for i in range(len(window) - 1, -1, -1):
-        if window[i] == value:
-            return i
-    return None
+        if window[i] == total_turns:
+            window[i] = corrected
+            return True
+    return False
 
 
 class MemoryFactor(Estimator):
@@ -71,12 +75,8 @@ class MemoryFactor(Estimator):
     def revise(self, total_turns: int, corrected: int) -> bool:
         """Correct the latest program learned as ``total_turns`` to ``corrected`` turns
         (another engine saw more of it), in its place; False if none is in the window."""
-        if check_count("corrected", corrected) < 1:
-            raise ValueError(f"corrected must be >= 1, got {corrected!r}")
-        i = _latest(self._programs, total_turns)
-        if i is None:
+        if not _replace_latest(self._programs, total_turns, corrected):
             return False
-        self._programs[i] = corrected
         self._add(total_turns, -1)
         self._add(corrected, 1)
         return True
@@ -133,12 +133,8 @@ class RemainingTurns(Estimator):
 
     def revise(self, total_turns: int, corrected: int) -> bool:
         """As :meth:`MemoryFactor.revise`: the latest ``total_turns`` becomes ``corrected``."""
-        if check_count("corrected", corrected) < 1:
-            raise ValueError(f"corrected must be >= 1, got {corrected!r}")
-        i = _latest(self._programs, total_turns)
-        if i is None:
+        if not _replace_latest(self._programs, total_turns, corrected):
             return False
-        self._programs[i] = corrected
         self._sorted = None
         return True
 
