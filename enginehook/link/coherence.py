@@ -27,10 +27,11 @@ is counted apart (``server_refused``) and not as reported.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
@@ -42,7 +43,7 @@ from controlplane.wire import timestamp_seconds
 if TYPE_CHECKING:
     from enginehook.config import HookConfig
 
-__all__ = ["BATCH", "CoherenceClient", "CoherenceLink", "Moved"]
+__all__ = ["BATCH", "CoherenceClient", "CoherenceLink", "Moved", "departed"]
 
 logger = logging.getLogger("enginehook.link.coherence")
 
@@ -50,6 +51,28 @@ logger = logging.getLogger("enginehook.link.coherence")
 BATCH = 1000
 #: A program that moved: its id and when its turn arrived at the other engine.
 Moved = tuple[str, float]
+
+
+def departed(moved: Iterable[Moved], here: Mapping[str, float]) -> tuple[list[Moved], int]:
+    """The moves that take a program's pin on this engine, and how many are stale.
+
+    ``here``: the latest arrival of each program among the requests the engine holds. A
+    move is stale when a turn of its program arrived here at or after the turn elsewhere
+    (the program came back: its pin, if any, is that turn's). A request here that arrived
+    *before* the turn elsewhere does not keep the pin: the program moved on from it (a
+    client that gave up on this engine and asked another), and the pin would otherwise
+    outlive it if it is aborted before admission.
+
+    >>> departed([("a", 10.0), ("b", 10.0), ("c", 10.0)], {"b": 12.0, "c": 9.0})
+    ([('a', 10.0), ('c', 10.0)], 1)
+    """
+    gone, stale = [], 0
+    for program, arrived_at in moved:
+        if here.get(program, -math.inf) >= arrived_at:
+            stale += 1
+        else:
+            gone.append((program, arrived_at))
+    return gone, stale
 
 
 class CoherenceClient(Protocol):
@@ -95,12 +118,14 @@ class CoherenceLink:
         #: Arrivals reported; lost (the control plane down, or the reporter behind);
         #: refused (a program id the control plane refuses, left out here or split out);
         #: refused by the server one by one in a report it applied (an arrival time ahead
-        #: of its clock...); moves received.
+        #: of its clock...); moves received; moves found stale (a turn of the program
+        #: arrived here since).
         self.reported = 0
         self.dropped = 0
         self.refused = 0
         self.server_refused = 0
         self.received = 0
+        self.stale = 0
         self._refusal_logged = False
         self._server_refusal_logged = False
         self._threads = [
@@ -140,6 +165,12 @@ class CoherenceLink:
             taken.append(self._moved.popleft())
         return taken
 
+    def departures(self, moved: Iterable[Moved], here: Mapping[str, float]) -> list[Moved]:
+        """:func:`departed`, the stale moves counted."""
+        gone, stale = departed(moved, here)
+        self.stale += stale
+        return gone
+
     # -- background threads ------------------------------------------------------------------
     def _take(self) -> list[tuple[str, float]]:
         batch: list[tuple[str, float]] = []
@@ -156,6 +187,7 @@ class CoherenceLink:
             ("cachettl_coherence_arrivals_refused_by_server_total", "counter", self.server_refused),
             ("cachettl_coherence_arrivals_pending", "gauge", len(self._arrivals)),
             ("cachettl_coherence_moves_received_total", "counter", self.received),
+            ("cachettl_coherence_moves_stale_total", "counter", self.stale),
         ]
 
     def _report_loop(self) -> None:

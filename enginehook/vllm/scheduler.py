@@ -32,6 +32,7 @@ the engine. vLLM's own calls are outside the guard: their errors stay vLLM's.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -370,10 +371,12 @@ class CacheTTLMixin(FinishedTurnHooks):
         moved = self.coherence.moved()
         if not moved:
             return
-        here = {r.session_id for r in self.requests.values() if r.session_id}
-        for program, arrived_at in moved:
-            if program not in here:  # else its latest turn is here: the news is stale
-                self.controller.moved_away(program, arrived_at)
+        here: dict[str, float] = {}  # each program's latest arrival among the requests held
+        for r in self.requests.values():
+            if r.session_id and r.arrival_time > here.get(r.session_id, -math.inf):
+                here[r.session_id] = r.arrival_time
+        for program, arrived_at in self.coherence.departures(moved, here):
+            self.controller.moved_away(program, arrived_at)
 
     def shutdown(self) -> None:
         self.idle.stop()

@@ -225,7 +225,7 @@ def _moved_pins_released(
     counts = {
         e.name: {
             name: cluster.metric(e, f"cachettl_coherence_{name}_total")
-            for name in ("moves_received", "arrivals_reported", "arrivals_dropped")
+            for name in ("moves_received", "moves_stale", "arrivals_reported", "arrivals_dropped")
         }
         for e in cluster.engines
     }

@@ -42,13 +42,18 @@ def _moved_within(link: CoherenceLink, seconds: float) -> list[Moved]:
 
 def _until_watching(a: CoherenceLink, b: CoherenceLink) -> None:
     """Move a probe program from ``a`` to ``b`` until ``a`` hears of it (the watch stream
-    is registered), so the test's own move cannot race the stream's start."""
+    is registered), so the test's own move cannot race the stream's start; then wait for
+    ``b`` to count its probes reported (the move can reach ``a`` before ``b`` reads the
+    answer to its report), so a test counting ``b``'s reports counts its own."""
     for attempt in range(50):
         probe = f"probe-{attempt}"
         a.arrived(probe, time.time())
         time.sleep(0.1)
         b.arrived(probe, time.time())
         if any(program == probe for program, _ in _moved_within(a, 0.3)):
+            deadline = time.monotonic() + 5
+            while b.reported < attempt + 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
             return
     raise AssertionError("engine-a never heard a probe move")
 
