@@ -6,7 +6,7 @@ checked whole before anything is stored, so a rejected batch stores nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
@@ -83,19 +83,33 @@ def timestamp_s(field: str, value: Timestamp) -> float:
     return wire.timestamp_seconds(value)
 
 
+def _name_ok(value: str, limit: int, required: bool = True) -> bool:
+    """``check_name``'s rule, without building the field's name (a batch's fast path)."""
+    return (bool(value) or not required) and len(value) <= limit and "\x00" not in value
+
+
 def _tool_call(i: int, event: events_pb2.ToolCallEvent, limits: Limits) -> ToolCall:
+    """One event, checked. The common case, every field valid, builds no field name: the
+    checks that fail are run again through the named ones, so an error says the same."""
+    names = (event.event_id, event.program_id, event.tool_name, event.tool_args)
+    outcome = _PIN_OUTCOMES.get(event.pin_outcome)
+    if (
+        outcome is None
+        or len(UnknownFieldSet(event))
+        or not event.HasField("duration")
+        or not _name_ok(names[0], LIMITS.event_id)
+        or not _name_ok(names[1], LIMITS.program_id)
+        or not _name_ok(names[2], LIMITS.tool_name)
+        or not _name_ok(names[3], LIMITS.tool_args, required=False)
+    ):
+        _explain(f"events[{i}]", event)
     at = f"events[{i}]"
-    check_known(at, event)
-    if event.pin_outcome not in PinOutcome._value2member_map_:
-        raise InvalidInputError(f"{at}.pin_outcome", f"unknown value {event.pin_outcome}")
-    if not event.HasField("duration"):
-        raise InvalidInputError(f"{at}.duration", "is required")
     return ToolCall(
-        event_id=check_name(f"{at}.event_id", event.event_id, "event_id"),
-        program_id=check_name(f"{at}.program_id", event.program_id, "program_id"),
-        tool=check_name(f"{at}.tool_name", event.tool_name, "tool_name"),
-        tool_args=check_name(f"{at}.tool_args", event.tool_args, "tool_args", required=False),
-        duration_s=duration_s(f"{at}.duration", event.duration, limits),
+        event_id=names[0],
+        program_id=names[1],
+        tool=names[2],
+        tool_args=names[3],
+        duration_s=_seconds(at, "duration", event.duration, limits),
         finished_at=(
             timestamp_s(f"{at}.finished_at", event.finished_at)
             if event.HasField("finished_at")
@@ -103,18 +117,46 @@ def _tool_call(i: int, event: events_pb2.ToolCallEvent, limits: Limits) -> ToolC
         ),
         turn_index=event.turn_index,
         chosen_ttl_s=(
-            duration_s(f"{at}.chosen_ttl", event.chosen_ttl, limits)
+            _seconds(at, "chosen_ttl", event.chosen_ttl, limits)
             if event.HasField("chosen_ttl")
             else None
         ),
-        pin_outcome=PinOutcome(event.pin_outcome),
+        pin_outcome=outcome,
         admission_delay_s=(
-            duration_s(f"{at}.admission_delay", event.admission_delay, limits)
+            _seconds(at, "admission_delay", event.admission_delay, limits)
             if event.HasField("admission_delay")
             else None
         ),
         cache=_turn_cache(at, event, limits),
     )
+
+
+def _seconds(at: str, name: str, value: Duration, limits: Limits) -> float:
+    """:func:`duration_s` of field ``name`` of event ``at``, the field's name built only
+    for an error."""
+    seconds = value.seconds + value.nanos / 1e9
+    if (
+        0 <= value.nanos <= 999_999_999
+        and value.seconds >= 0
+        and seconds <= limits.max_duration_s
+        and not len(UnknownFieldSet(value))
+    ):
+        return seconds
+    return duration_s(f"{at}.{name}", value, limits)
+
+
+def _explain(at: str, event: events_pb2.ToolCallEvent) -> NoReturn:
+    """Raise the error of the first bad field of ``event``'s head (the fast path found one)."""
+    check_known(at, event)
+    if event.pin_outcome not in _PIN_OUTCOMES:
+        raise InvalidInputError(f"{at}.pin_outcome", f"unknown value {event.pin_outcome}")
+    if not event.HasField("duration"):
+        raise InvalidInputError(f"{at}.duration", "is required")
+    check_name(f"{at}.event_id", event.event_id, "event_id")
+    check_name(f"{at}.program_id", event.program_id, "program_id")
+    check_name(f"{at}.tool_name", event.tool_name, "tool_name")
+    check_name(f"{at}.tool_args", event.tool_args, "tool_args", required=False)
+    raise AssertionError(f"{at}: the fast check and the named checks disagree")
 
 
 def _optional_count(at: str, event: events_pb2.ToolCallEvent, field: str) -> int | None:
@@ -123,12 +165,20 @@ def _optional_count(at: str, event: events_pb2.ToolCallEvent, field: str) -> int
     return _tokens(f"{at}.{field}", getattr(event, field), LIMITS.context_tokens)
 
 
+_PIN_OUTCOMES: dict[int, PinOutcome] = {m.value: m for m in PinOutcome}
 _WITH_CAUSE = frozenset({MissReason.NOT_PINNED, MissReason.PREFIX_CACHE})
 _WITH_EXPIRY = frozenset({MissReason.EXPIRED, MissReason.PREFIX_CACHE})
+#: What a turn with no cache report found (every field unset): one shared value.
+_NO_CACHE = TurnCache()
+_CACHE_FIELDS = ("expired_by", "diverged_at_token", "hit_tokens", "reusable_tokens")
 
 
 def _turn_cache(at: str, event: events_pb2.ToolCallEvent, limits: Limits) -> TurnCache:
     """The returning turn's cache report; every field optional, each checked."""
+    if not (event.miss_reason or event.not_pinned_cause) and not any(
+        event.HasField(f) for f in _CACHE_FIELDS
+    ):
+        return _NO_CACHE
     reason = _enum(f"{at}.miss_reason", event.miss_reason, MissReason)
     # A turn the prefix cache served after all keeps its pin's story (no pin taken, and
     # why; or how late after its pin's expiry it came back).
@@ -159,10 +209,11 @@ def _turn_cache(at: str, event: events_pb2.ToolCallEvent, limits: Limits) -> Tur
 
 
 def _enum(field: str, value: int, kind: type[MissReason] | type[NotPinnedCause]) -> Any:
-    if value not in kind._value2member_map_:
+    member = kind._value2member_map_.get(value)
+    if member is None:
         valid = ", ".join(f"{m.value} ({m.name})" for m in kind)
         raise InvalidInputError(field, f"unknown value {value}; valid: {valid}")
-    return kind(value)
+    return member
 
 
 def tool_calls(
