@@ -16,7 +16,9 @@ schema), sessions by ``X-Session-ID``.
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -234,8 +236,21 @@ def _moved_pins_released(
         f"{engine.name}: {released} of {moved} pins released as moved, {held} held; "
         f"no moved tool call for {[p for p in programs if p not in told]}; "
         f"coherence counters {counts}; "
-        f"what the engines and control planes logged of coherence: {_coherence_lines(cluster)}"
+        f"what the engines and control planes logged of coherence: {_coherence_lines(cluster)}; "
+        f"the machine: {_machine()}"
     )
+
+
+def _machine() -> str:
+    """Load, free memory and the largest processes: a miss in a full run, never seen in
+    this module alone, may come from what earlier tests left running."""
+    ps = subprocess.run(
+        ["ps", "-eo", "pid,rss,pcpu,args", "--sort=-rss"], capture_output=True, text=True
+    )
+    largest = [line[:160] for line in ps.stdout.splitlines()[1:9]]
+    with open("/proc/meminfo") as meminfo:
+        available = next((line.split()[1] for line in meminfo if "MemAvailable" in line), "?")
+    return f"load {os.getloadavg()}, MemAvailable {available} kB, largest processes {largest}"
 
 
 def _coherence_lines(cluster: Cluster) -> list[str]:
