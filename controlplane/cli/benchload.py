@@ -22,11 +22,20 @@ __all__ = [
     "paced_latency",
     "prepare",
     "server",
+    "server_process",
 ]
 
 
 @contextmanager
 def server(db_url: str) -> Iterator[str]:
+    """A ``cachettl serve`` on ``db_url``; its address."""
+    with server_process(db_url) as (target, _):
+        yield target
+
+
+@contextmanager
+def server_process(db_url: str) -> Iterator[tuple[str, int]]:
+    """A ``cachettl serve`` on ``db_url``; its address and process id."""
     cmd = [sys.executable, "-m", "controlplane", "serve", "--db", db_url]
     cmd += ["--listen", "127.0.0.1:0", "--min-samples", "10", "--max-concurrent-rpcs", "1024"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -35,7 +44,7 @@ def server(db_url: str) -> Iterator[str]:
         line = proc.stdout.readline()
         if "on port" not in line:
             raise RuntimeError(f"server did not start: {line!r}")
-        yield f"127.0.0.1:{int(line.split('on port')[1].split()[0])}"
+        yield f"127.0.0.1:{int(line.split('on port')[1].split()[0])}", proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
