@@ -94,6 +94,42 @@ def test_quick_mode_shrinks_every_size_a_study_takes() -> None:
     )
 
 
+def test_quick_mode_can_keep_a_studys_programs() -> None:
+    quick = _script().quick
+    cluster = "cachettl bench cluster --workload bfcl --engines 4 --programs 40 --seeds 0-15"
+    assert quick(cluster, keep_programs=True) == (
+        "cachettl bench cluster --workload bfcl --engines 4 --programs 40 --seeds 0,1"
+    )
+
+
+def test_a_quick_study_too_small_for_its_load_is_run_with_its_own_programs(
+    tmp_path: Path,
+) -> None:
+    """20 programs on 4 engines never load vLLM behind round_robin to slowdown 3 (the study
+    fails, saying so): the quick run takes the study's own 40 programs, and succeeds."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--only",
+            "^cluster_bfcl_4.md$",
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "--programs 20" in out.stdout  # tried small first
+    assert "failed (2)" in out.stdout
+    record = provenance.read((tmp_path / "cluster_bfcl_4.md").read_text())
+    assert record is not None
+    assert "--programs 40 --seeds 0,1" in record["command"]
+
+
 def test_stamping_records_command_commit_date_and_load_once(tmp_path: Path) -> None:
     md, js = tmp_path / "x.md", tmp_path / "x.json"
     md.write_text("# X\n\nfigures\n")
