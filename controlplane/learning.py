@@ -19,6 +19,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from controlplane.errors import OverloadedError
@@ -71,28 +72,36 @@ class NameLimitExceededError(OverloadedError):
 _FLAGS = {"tool names": "--max-tools-per-tenant", "signatures": "--max-signatures-per-tenant"}
 
 
-def check_names(durations: DurationHierarchy, tenant: str, calls: Sequence[ToolCall]) -> None:
-    """Raise ``NameLimitExceededError`` if learning ``calls`` would pass a bound of ``tenant``.
+def check_names(
+    durations: DurationHierarchy,
+    tenant: str,
+    calls: Sequence[ToolCall],
+    earlier: Sequence[ToolCall] = (),
+) -> None:
+    """Raise ``NameLimitExceededError`` if learning ``calls`` would pass a bound of ``tenant``,
+    after ``earlier`` (the tenant's calls admitted before them and not learned yet, which
+    are within the bounds).
 
     Call it under the writer lock (names change only there); it reads the models and the
     signature cache but changes neither (decisions use them concurrently).
     """
     max_tools, max_signatures = durations.max_tools, durations.max_signatures
     tools, signatures = durations.name_counts(tenant)
+    n = len(earlier) + len(calls)
     # Far from both bounds (the usual case), the batch cannot pass them: nothing to parse.
-    if max_tools is None or tools + len(calls) <= max_tools:
+    if max_tools is None or tools + n <= max_tools:
         max_tools = None
-    if max_signatures is None or signatures + len(calls) <= max_signatures:
+    if max_signatures is None or signatures + n <= max_signatures:
         max_signatures = None
     if max_tools is None and max_signatures is None:
         return
     new_tools: set[str] = set()
     new_signatures: set[tuple[str, str]] = set()
-    for i, call in enumerate(calls):
+    for i, call in enumerate(chain(earlier, calls), -len(earlier)):  # i: index in calls
         tool = call.tool
         if tool not in new_tools and not durations.knows(tool, "", tenant):
             new_tools.add(tool)
-            if max_tools is not None and tools + len(new_tools) > max_tools:
+            if max_tools is not None and tools + len(new_tools) > max_tools and i >= 0:
                 _refuse(f"events[{i}].tool_name", tenant, "tool names", max_tools, tools)
         if max_signatures is None or not call.tool_args:
             continue
@@ -103,7 +112,7 @@ def check_names(durations: DurationHierarchy, tenant: str, calls: Sequence[ToolC
         key = (tool, signature)
         if signature and key not in new_signatures and not durations.knows(*key, tenant):
             new_signatures.add(key)
-            if signatures + len(new_signatures) > max_signatures:
+            if signatures + len(new_signatures) > max_signatures and i >= 0:
                 field = f"events[{i}].tool_args"
                 _refuse(field, tenant, "signatures", max_signatures, signatures)
 

@@ -39,6 +39,8 @@ from estimator import DEFAULT_PROFILE, Decision, RequestFacts, get_policy
 
 __all__ = ["ControlPlane"]
 
+log = logging.getLogger(__name__)
+
 #: Rows read per query while catching up with the log.
 READ_BATCH = 5000
 #: How long learning, inspection or a snapshot holds the model lock at a time (one row
@@ -79,6 +81,9 @@ class ControlPlane:
         # write lock, PostgreSQL's advisory lock), and a batch committed and learned under
         # one lock is always learned in log order, never by re-reading the log.
         self._write_lock = threading.Lock()
+        # Batches waiting for the write lock: its next holder commits them all together.
+        self._queue_lock = threading.Lock()
+        self._queued: list[_Pending] = []
         self._auth: dict[str, tuple[Tenant | None, float]] = {}
         self._snapshot_version = -1
         self.sharing = sharing or SharingRules()
@@ -233,31 +238,102 @@ class ControlPlane:
 
         Raises ``NameLimitExceededError`` (nothing stored) if the batch would give the
         tenant more distinct tool names or signatures than ``name_limits`` allow.
+
+        Batches that arrive while another is being written are committed together, in one
+        transaction, by the next writer (a group commit): a store round trip is shared by
+        all of them; each batch gets its own result or error.
         """
         time.sleep(0)  # after the caller's validation: a waiting thread takes the GIL now
+        mine = _Pending(tenant, calls)
+        with self._queue_lock:
+            self._queued.append(mine)
         with self._write_lock:
+            if not mine.finished:  # else an earlier writer committed it with its group
+                with self._queue_lock:
+                    group, self._queued = self._queued, []
+                self._commit(group)
+        if mine.error is not None:
+            raise mine.error
+        assert mine.result is not None
+        return mine.result
+
+    def _commit(self, group: list[_Pending]) -> None:
+        """Commit and learn ``group`` (under the write lock); every member finishes with
+        its result or its error."""
+        try:
+            admitted = self._append(self._admit_names(group))
+        except BaseException as error:  # nothing of the group was committed
+            for p in group:
+                p.fail(error)
+            return
+        finally:
+            for p in group:
+                p.finished = True
+        try:
+            self._learn_group(admitted)
+        except Exception:  # committed and answered: the next write catches the models up
+            log.exception("learning %d committed batches failed", len(admitted))
+
+    def _append(self, group: list[_Pending]) -> list[_Pending]:
+        """Commit ``group`` as one; if the store refuses it, one batch at a time, so that
+        only the batch it refuses fails. The batches committed."""
+        if not group:
+            return []
+        try:
+            results = self.store.append_batches([(p.tenant, p.calls) for p in group])
+        except Exception:
+            if len(group) == 1:
+                raise
+            for p in group:
+                try:
+                    p.result = self.store.append_tool_calls(p.tenant, p.calls)
+                except Exception as error:
+                    p.fail(error)
+            return [p for p in group if p.result is not None]
+        for p, result in zip(group, results, strict=True):
+            p.result = result
+        return group
+
+    def _admit_names(self, group: list[_Pending]) -> list[_Pending]:
+        """The batches within the name limits, counting the names of those admitted
+        before them in the group; the others fail with ``NameLimitExceededError``."""
+        admitted: list[_Pending] = []
+        earlier: dict[str, list[ToolCall]] = {}
+        for p in group:
+            before = earlier.setdefault(p.tenant.name, [])
             try:
-                check_names(self.state.models.durations, tenant.name, calls)
+                check_names(self.state.models.durations, p.tenant.name, p.calls, before)
             except NameLimitExceededError as error:
                 self.learning.refused_batch(error)
-                raise
-            result = self.store.append_tool_calls(tenant, calls)
-            seqs = result.seqs  # positions move only under the write lock, held here
-            in_order = (
-                result.duplicates == 0
-                and bool(seqs)
-                and seqs[0] == self.state.tool_seq + 1
-                and all(b == a + 1 for a, b in pairwise(seqs))
+                p.fail(error)
+                continue
+            before.extend(p.calls)
+            admitted.append(p)
+        return admitted
+
+    def _learn_group(self, group: list[_Pending]) -> None:
+        """Learn the committed batches: as sent when their rows follow the learned log
+        with nothing in between, else by reading the log (another server wrote)."""
+        rows: list[StoredToolCall] = []
+        for p in group:
+            assert p.result is not None
+            seqs = p.result.seqs  # positions move only under the write lock, held here
+            if p.result.duplicates:
+                rows = []
+                break
+            rows += (
+                StoredToolCall(s, p.tenant.name, p.tenant.share, c)
+                for s, c in zip(seqs, p.calls, strict=True)
             )
-            if in_order:  # nobody wrote in between: learn the batch as sent
-                rows = [
-                    StoredToolCall(s, tenant.name, tenant.share, c)
-                    for s, c in zip(seqs, calls, strict=True)
-                ]
-                self._learn(self.state.apply_tool_calls, rows)
-            elif seqs:
-                self._catch_up()  # another server wrote in between: learn in log order
-        return result
+        in_order = (
+            bool(rows)
+            and rows[0].seq == self.state.tool_seq + 1
+            and all(b.seq == a.seq + 1 for a, b in pairwise(rows))
+        )
+        if in_order:
+            self._learn(self.state.apply_tool_calls, rows)
+        elif any(p.result is not None and p.result.seqs for p in group):
+            self._catch_up()
 
     def record_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
         """Commit and learn a program's end; its position, or None for a repeat."""
@@ -333,5 +409,21 @@ def _load_snapshot(payload: bytes) -> ModelState | None:
     try:
         return ModelState.loads(payload)
     except Exception:
-        logging.getLogger(__name__).exception("snapshot unreadable; replaying the whole log")
+        log.exception("snapshot unreadable; replaying the whole log")
         return None
+
+
+class _Pending:
+    """A batch waiting for a group commit: its result, or its error, once finished."""
+
+    __slots__ = ("calls", "error", "finished", "result", "tenant")
+
+    def __init__(self, tenant: Tenant, calls: Sequence[ToolCall]) -> None:
+        self.tenant, self.calls = tenant, calls
+        self.result: AppendResult | None = None
+        self.error: BaseException | None = None
+        self.finished = False
+
+    def fail(self, error: BaseException) -> None:
+        if self.error is None and self.result is None:
+            self.error = error

@@ -35,7 +35,10 @@ from controlplane.records import (
     ToolCall,
 )
 
-__all__ = ["SNAPSHOTS_KEPT", "Store", "hash_token", "new_token"]
+__all__ = ["SNAPSHOTS_KEPT", "Batch", "Store", "hash_token", "new_token"]
+
+#: One tenant's batch of tool calls, as a group commit takes it.
+Batch = tuple[Tenant, Sequence[ToolCall]]
 
 #: Snapshots kept per policy (older ones are deleted when a new one is saved).
 SNAPSHOTS_KEPT = 2
@@ -80,13 +83,20 @@ class Store(ABC):
 
     # -- the event log ----------------------------------------------------------------
 
-    @abstractmethod
     def append_tool_calls(self, tenant: Tenant, calls: Sequence[ToolCall]) -> AppendResult:
         """Commit the calls whose ``event_id`` the tenant has not stored yet, atomically.
 
         Repeats (already stored, or earlier in the same batch) are counted in
         ``duplicates`` and ignored. Returns only after the commit.
         """
+        return self.append_batches([(tenant, calls)])[0]
+
+    @abstractmethod
+    def append_batches(self, batches: Sequence[Batch]) -> list[AppendResult]:
+        """Commit several batches, of one tenant or several, as one (a group commit: all of
+        them or, if it raises, none); each batch's result as :meth:`append_tool_calls`
+        gives it, in order. A call repeating one of an earlier batch of the group (same
+        tenant and ``event_id``) is that batch's duplicate."""
 
     @abstractmethod
     def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:

@@ -16,9 +16,8 @@ from controlplane.records import (
     StoredProgramEnd,
     StoredToolCall,
     Tenant,
-    ToolCall,
 )
-from controlplane.storage.base import SNAPSHOTS_KEPT, Store
+from controlplane.storage.base import SNAPSHOTS_KEPT, Batch, Store
 
 __all__ = ["MemoryStore"]
 
@@ -73,23 +72,20 @@ class MemoryStore(Store):
             name = self._hashes.get(token_hash)
             return self._tenants.get(name) if name is not None else None
 
-    def append_tool_calls(self, tenant: Tenant, calls: Sequence[ToolCall]) -> AppendResult:
+    def append_batches(self, batches: Sequence[Batch]) -> list[AppendResult]:
+        results = []
         with self._lock:
-            seqs: list[int] = []
-            seen: set[tuple[int, str]] = set()
-            fresh: list[ToolCall] = []
-            for call in calls:
-                key = (tenant.id, call.event_id)
-                if key in self._event_ids or key in seen:
-                    continue
-                seen.add(key)
-                fresh.append(call)
-            for call in fresh:
-                seq = len(self._calls) + 1
-                self._calls.append(StoredToolCall(seq, tenant.name, tenant.share, call))
-                seqs.append(seq)
-            self._event_ids |= seen
-            return AppendResult(tuple(seqs), len(calls) - len(seqs))
+            for tenant, calls in batches:
+                seqs: list[int] = []
+                for call in calls:
+                    key = (tenant.id, call.event_id)
+                    if key in self._event_ids:
+                        continue
+                    self._event_ids.add(key)
+                    seqs.append(len(self._calls) + 1)
+                    self._calls.append(StoredToolCall(seqs[-1], tenant.name, tenant.share, call))
+                results.append(AppendResult(tuple(seqs), len(calls) - len(seqs)))
+        return results
 
     def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
         with self._lock:

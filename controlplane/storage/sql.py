@@ -41,7 +41,7 @@ from controlplane.records import (
     ToolCall,
     TurnCache,
 )
-from controlplane.storage.base import SNAPSHOTS_KEPT, Store
+from controlplane.storage.base import SNAPSHOTS_KEPT, Batch, Store
 from controlplane.storage.migrate import check_schema
 from controlplane.storage.schema import program_ends, snapshots, tenants, tool_events
 
@@ -207,28 +207,34 @@ _ARRAY_COLUMNS = {
     "hit_tokens": "BIGINT",
     "reusable_tokens": "BIGINT",
 }
-#: A batch in one statement and one round trip, run as its own transaction (autocommit):
-#: every row it inserts is joined with the log's advisory lock, so the lock is held before
-#: the first row takes its position and until the statement commits; stored ids are
-#: skipped by the unique constraint; positions come back in the calls' order.
+#: The batches of a group in one statement and one round trip, run as its own transaction
+#: (autocommit): every row it inserts is joined with the log's advisory lock, so the lock
+#: is held before the first row takes its position and until the statement commits; stored
+#: ids are skipped by the unique constraint; positions come back in the rows' order.
+_PG_ARRAYS = {"tenant_id": "INTEGER", "shared": "BOOLEAN", **_ARRAY_COLUMNS}
 _PG_INSERT = (
     f"WITH log_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock({_LOG_LOCK})) "
-    f"INSERT INTO tool_events (tenant_id, shared, received_at, {', '.join(_ARRAY_COLUMNS)}) "
-    "SELECT %(tenant)s, %(shared)s, %(now)s, u.* FROM unnest("
-    + ", ".join(f"CAST(%({k})s AS {t}[])" for k, t in _ARRAY_COLUMNS.items())
+    f"INSERT INTO tool_events (received_at, {', '.join(_PG_ARRAYS)}) "
+    "SELECT %(now)s, u.* FROM unnest("
+    + ", ".join(f"CAST(%({k})s AS {t}[])" for k, t in _PG_ARRAYS.items())
     + ") AS u CROSS JOIN log_lock ON CONFLICT (tenant_id, event_id) DO NOTHING "
-    "RETURNING event_id, seq"
+    "RETURNING tenant_id, event_id, seq"
 )
 
 
-def _first_occurrences(calls: Sequence[ToolCall]) -> list[ToolCall]:
-    """The calls in order, without later repeats of an ``event_id``."""
-    seen: set[str] = set()
-    unique = []
-    for call in calls:
-        if call.event_id not in seen:
-            seen.add(call.event_id)
-            unique.append(call)
+def _first_occurrences(batches: Sequence[Batch]) -> list[list[ToolCall]]:
+    """Each batch's calls in order, without repeats of a (tenant, ``event_id``) earlier in
+    the batch or in an earlier batch of the group."""
+    seen: set[tuple[int, str]] = set()
+    unique: list[list[ToolCall]] = []
+    for tenant, calls in batches:
+        kept = []
+        for call in calls:
+            key = (tenant.id, call.event_id)
+            if key not in seen:
+                seen.add(key)
+                kept.append(call)
+        unique.append(kept)
     return unique
 
 
@@ -352,18 +358,23 @@ class SqlStore(Store):
 
     # -- the event log ----------------------------------------------------------------
 
-    def append_tool_calls(self, tenant: Tenant, calls: Sequence[ToolCall]) -> AppendResult:
-        if not calls:
-            return AppendResult((), 0)
+    def append_batches(self, batches: Sequence[Batch]) -> list[AppendResult]:
         now = time.time()
-        unique = _first_occurrences(calls)
-        if self.engine.dialect.name == "sqlite":
-            with transaction(self.engine, write=True) as c:
-                seqs = self._append_sqlite(c, tenant, unique, now)
-        else:
-            with autocommit(self.engine) as c:
-                seqs = self._append_postgres(c, tenant, unique, now)
-        return AppendResult(tuple(seqs), len(calls) - len(seqs))
+        unique = _first_occurrences(batches)
+        seqs: list[list[int]] = [[] for _ in batches]
+        if any(unique):
+            if self.engine.dialect.name == "sqlite":
+                with transaction(self.engine, write=True) as c:
+                    for i, ((tenant, _), calls) in enumerate(zip(batches, unique, strict=True)):
+                        if calls:
+                            seqs[i] = self._append_sqlite(c, tenant, calls, now)
+            else:
+                with autocommit(self.engine) as c:
+                    seqs = self._append_postgres(c, batches, unique, now)
+        return [
+            AppendResult(tuple(s), len(calls) - len(s))
+            for (_, calls), s in zip(batches, seqs, strict=True)
+        ]
 
     @staticmethod
     def _append_sqlite(
@@ -382,15 +393,21 @@ class SqlStore(Store):
 
     @staticmethod
     def _append_postgres(
-        c: Connection, tenant: Tenant, calls: list[ToolCall], now: float
-    ) -> list[int]:
-        # One statement, one round trip (_PG_INSERT): the batch as column arrays.
-        params: dict[str, Any] = {"tenant": tenant.id, "shared": tenant.share, "now": now}
-        rows = [_call_row(tenant, call, now) for call in calls]
-        for name in _ARRAY_COLUMNS:
-            params[name] = [r[name] for r in rows]
-        inserted: dict[str, int] = {e: s for e, s in c.exec_driver_sql(_PG_INSERT, params)}
-        return [int(inserted[e]) for e in params["event_id"] if e in inserted]
+        c: Connection, batches: Sequence[Batch], unique: list[list[ToolCall]], now: float
+    ) -> list[list[int]]:
+        # One statement, one round trip (_PG_INSERT): the group's rows as column arrays.
+        rows = [
+            _call_row(tenant, call, now)
+            for (tenant, _), calls in zip(batches, unique, strict=True)
+            for call in calls
+        ]
+        params: dict[str, Any] = {name: [r[name] for r in rows] for name in _PG_ARRAYS}
+        params["now"] = now
+        inserted = {(t, e): int(s) for t, e, s in c.exec_driver_sql(_PG_INSERT, params)}
+        return [
+            [inserted[k] for call in calls if (k := (tenant.id, call.event_id)) in inserted]
+            for (tenant, _), calls in zip(batches, unique, strict=True)
+        ]
 
     def append_program_end(self, tenant: Tenant, end: ProgramEnd) -> int | None:
         with transaction(self.engine, write=True) as c:

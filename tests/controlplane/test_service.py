@@ -158,9 +158,10 @@ def test_database_failures_become_storage_errors():
 
 @pytest.mark.parametrize("db_url", ["sqlite", "postgres"], indirect=True)
 def test_concurrent_writers_in_one_process_are_learned_as_sent(store):
-    """Batches from many threads (as the gRPC server's handlers run) are committed and
-    learned one at a time: never out of log order, so the log is never re-read, and the
-    models equal a replay of the log."""
+    """Batches from many threads (as the gRPC server's handlers run) are committed (in
+    groups, tests/controlplane/test_group_commit.py) and learned one writer at a time:
+    never out of log order, so the log is never re-read, and the models equal a replay of
+    the log."""
     import threading
 
     plane = ControlPlane(store, min_samples=1)
