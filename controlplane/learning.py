@@ -126,12 +126,20 @@ def _refuse(field: str, tenant: str, what: str, limit: int, held: int) -> None:
 
 
 class LearningCounters:
-    """Committed rows the models could not learn, by reason; batches refused, by limit."""
+    """Committed rows the models could not learn, by reason; batches refused, by limit;
+    group commits and the batches they committed."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.unlearned: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
+        self.commits = 0
+        self.batches_committed = 0
+
+    def committed(self, batches: int) -> None:
+        """Count one store commit of ``batches`` batches (under the write lock)."""
+        self.commits += 1
+        self.batches_committed += batches
 
     def skipped(self, row: StoredToolCall | StoredProgramEnd, error: Exception) -> None:
         """Count and log one row learning skipped."""

@@ -281,12 +281,14 @@ class ControlPlane:
             return []
         try:
             results = self.store.append_batches([(p.tenant, p.calls) for p in group])
+            self.learning.committed(len(group))
         except Exception:
             if len(group) == 1:
                 raise
             for p in group:
                 try:
                     p.result = self.store.append_tool_calls(p.tenant, p.calls)
+                    self.learning.committed(1)
                 except Exception as error:
                     p.fail(error)
             return [p for p in group if p.result is not None]

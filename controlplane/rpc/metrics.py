@@ -114,6 +114,16 @@ class _LearningCollector(Collector):
             refused.add_metric([limit], self.counters.refused[limit])
         yield unlearned
         yield refused
+        yield CounterMetricFamily(
+            "cachettl_group_commits",
+            "Store commits of tool-call batches (batches waiting meanwhile go in one)",
+            value=self.counters.commits,
+        )
+        yield CounterMetricFamily(
+            "cachettl_group_commit_batches",
+            "Tool-call batches committed by those commits",
+            value=self.counters.batches_committed,
+        )
 
 
 class _StreamCollector(Collector):
