@@ -4,11 +4,13 @@ Starts the server as real ``python -m controlplane serve`` processes — one on 
 PostgreSQL, or two or four replicas on one PostgreSQL schema (each tails the shared log) — creates
 a tenant, and runs N engine links as real gRPC clients
 (:class:`controlplane.rpc.client.ControlPlaneClient`, one channel per link). Each link, as
-an engine hook does (``enginehook.link``), every ``--flush`` seconds sends a batch of tool
-calls (``RecordToolCalls``, ``--link-rate`` events/s; a link whose previous batch is not yet
-acknowledged sends everything due in one, larger batch) and reports the batch's turn arrivals
-(``PinCoherenceService.ReportArrivals``; 2 % of them are programs of the next link, so some
-are moves), and follows a ``WatchSnapshots`` stream: compact (one full snapshot, then
+an engine hook does (``enginehook.link``), every ``--arrivals-every`` seconds reports the
+turns that arrived (``PinCoherenceService.ReportArrivals``, one per tool call; 2 % of them
+are programs of the next link, so some are moves) and every ``--flush`` seconds sends the
+tool calls those turns ended (``RecordToolCalls``, ``--link-rate`` events/s), the hook's
+two cadences (``CoherenceLink.interval_s``, ``ControlPlaneLink.send_interval_s``); a link
+behind its schedule (a call not yet answered) does everything due at once, in one larger
+call of each kind. Each link follows a ``WatchSnapshots`` stream: compact (one full snapshot, then
 deltas, which it checks build on the version it holds, asking for a full snapshot when
 not, as the engine hook does), or with ``--raw-snapshots`` whole snapshots of raw windows,
 as an engine hook that does not ask for compact ones. With replicas, link i talks to
@@ -78,7 +80,18 @@ def add_link_flags(p: argparse.ArgumentParser) -> None:
         "--links", type=int, default=0, metavar="N", help="run the engine-link benchmark"
     )
     p.add_argument("--link-rate", type=float, default=20.0, help="events/s per link")
-    p.add_argument("--flush", type=float, default=0.25, help="seconds between a link's batches")
+    p.add_argument(
+        "--flush",
+        type=float,
+        default=1.0,
+        help="seconds between a link's batches of tool calls (the hook's send interval)",
+    )
+    p.add_argument(
+        "--arrivals-every",
+        type=float,
+        default=0.25,
+        help="seconds between a link's reports of turn arrivals (the hook's coherence interval)",
+    )
     p.add_argument(
         "--setups",
         default="postgres:1,postgres:2",
@@ -103,6 +116,7 @@ class LoadConfig:
     flush_s: float
     client_procs: int
     compact: bool = True
+    arrivals_s: float = 0.25
 
     @property
     def batch(self) -> int:
@@ -118,6 +132,8 @@ def _check(args: argparse.Namespace, seconds: float) -> tuple[LoadConfig, list[s
         raise ValueError(f"--link-rate must be in (0, 10000] events/s, got {args.link_rate}")
     if not 0.01 <= args.flush <= 10:
         raise ValueError(f"--flush must be in 0.01..10 seconds, got {args.flush}")
+    if not 0.01 <= args.arrivals_every <= 10:
+        raise ValueError(f"--arrivals-every must be in 0.01..10 seconds, got {args.arrivals_every}")
     if not 1 <= args.client_procs <= 64:
         raise ValueError(f"--client-procs must be in 1..64, got {args.client_procs}")
     setups = [s.strip() for s in args.setups.split(",") if s.strip()]
@@ -131,7 +147,15 @@ def _check(args: argparse.Namespace, seconds: float) -> tuple[LoadConfig, list[s
     if args.link_rate * args.flush > MAX_BATCH:
         raise ValueError(f"--link-rate x --flush must be at most {MAX_BATCH} events a batch")
     procs = min(args.client_procs, args.links)
-    cfg = LoadConfig(args.links, seconds, args.link_rate, args.flush, procs, not args.raw_snapshots)
+    cfg = LoadConfig(
+        args.links,
+        seconds,
+        args.link_rate,
+        args.flush,
+        procs,
+        not args.raw_snapshots,
+        args.arrivals_every,
+    )
     return cfg, setups
 
 
@@ -270,47 +294,82 @@ class _Link:
                 self.record.stream_error = str(error.code())
 
     def send(self, start_at: float, cfg: LoadConfig) -> None:
-        """``cfg.batch`` events are due every ``cfg.flush_s``; as the hook's flush does, a
-        link behind its schedule sends everything due in one batch (up to MAX_BATCH)."""
-        ticks, k = math.ceil(cfg.seconds / cfg.flush_s - 1e-9), 0
-        while k < ticks:
-            delay = start_at + k * cfg.flush_s - time.monotonic()
+        """Event k's turn arrives at ``start_at + k / link_rate``; arrivals are reported
+        every ``arrivals_s`` and the tool calls sent every ``flush_s`` (the hook's two
+        cadences, each a thread of its own there; here one thread, so that a link behind
+        its schedule does what is due at once, as the hook's threads would)."""
+        flushes = math.ceil(cfg.seconds / cfg.flush_s - 1e-9)
+        total = flushes * cfg.batch
+        tick = min(cfg.arrivals_s, cfg.flush_s)
+        made, sent_through, j = 0, 0.0, 0
+        calls: list[Any] = []
+        arrivals: list[tuple[str, float]] = []
+        foreign = 0
+        while made < total or calls:
+            j += 1
+            delay = start_at + j * tick - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            due = min(ticks, int((time.monotonic() - start_at) / cfg.flush_s) + 1)
-            n = max(1, min(due - k, MAX_BATCH // cfg.batch))
-            self._batch(k, n * cfg.batch, cfg)
-            k += n
+            elapsed = time.monotonic() - start_at
+            due = min(total, int(elapsed * cfg.link_rate + 1e-9))
+            for k in range(made, due):
+                call, program, moved = self._event(k, cfg)
+                calls.append(call)
+                arrivals.append((program, time.time()))
+                foreign += moved
+            made = due
+            if arrivals:
+                self._report(arrivals, foreign)
+                arrivals, foreign = [], 0
+            flush_at = sent_through + cfg.flush_s
+            if calls and (elapsed + 1e-6 >= flush_at or made == total):
+                sent_through = math.floor(elapsed / cfg.flush_s + 1e-6) * cfg.flush_s
+                for at in range(0, len(calls), MAX_BATCH):
+                    self._record(calls[at : at + MAX_BATCH])
+                calls = []
+            j = max(j, int((time.monotonic() - start_at) / tick))  # ticks missed: skipped
 
-    def _batch(self, b: int, n: int, cfg: LoadConfig) -> None:
-        import grpc
-
+    def _event(self, k: int, cfg: LoadConfig) -> tuple[Any, str, bool]:
+        """Link event k: its tool call, the program whose turn arrived, whether that is a
+        program of the next link (a move)."""
         from controlplane.records import ToolCall
 
         i = self.record.index
-        calls, arrivals, foreign = [], [], 0
-        for k in range(n):
-            tool, signatures = TOOLS[self.rng.randrange(len(TOOLS))]
-            program = f"l{i}-p{(b * cfg.batch + k) % PROGRAMS_PER_LINK}"
-            duration = self.rng.lognormvariate(0.0, 1.0)
-            calls.append(
-                ToolCall(f"l{i}-{b}-{k}", program, tool, self.rng.choice(signatures), duration)
-            )
-            if self.rng.random() < MOVE_SHARE:  # a turn of the next link's program
-                program = f"l{(i + 1) % cfg.links}-p{self.rng.randrange(PROGRAMS_PER_LINK)}"
-                foreign += 1
-            arrivals.append((program, time.time()))
+        tool, signatures = TOOLS[self.rng.randrange(len(TOOLS))]
+        program = f"l{i}-p{k % PROGRAMS_PER_LINK}"
+        duration = self.rng.lognormvariate(0.0, 1.0)
+        call = ToolCall(f"l{i}-{k}", program, tool, self.rng.choice(signatures), duration)
+        if self.rng.random() < MOVE_SHARE:  # a turn of the next link's program
+            program = f"l{(i + 1) % cfg.links}-p{self.rng.randrange(PROGRAMS_PER_LINK)}"
+            return call, program, True
+        return call, program, False
+
+    def _record(self, calls: list[Any]) -> None:
+        import grpc
+
         try:
             sent = time.monotonic()
             result = self.client.record_tool_calls(calls)
             acked = time.monotonic()
             self.record.acks.append((acked, result.model_version, result.accepted, acked - sent))
-            self.record.moved += self.client.report_arrivals(f"engine-{i}", arrivals)
+        except grpc.RpcError as error:
+            self._error(error)
+
+    def _report(self, arrivals: list[tuple[str, float]], foreign: int) -> None:
+        import grpc
+
+        try:
+            self.record.moved += self.client.report_arrivals(
+                f"engine-{self.record.index}", arrivals
+            )
             self.record.arrivals += len(arrivals)
             self.record.foreign += foreign
         except grpc.RpcError as error:
-            code = str(error.code())
-            self.record.errors[code] = self.record.errors.get(code, 0) + 1
+            self._error(error)
+
+    def _error(self, error: Any) -> None:
+        code = str(error.code())
+        self.record.errors[code] = self.record.errors.get(code, 0) + 1
 
 
 def _poll(until: Any, deadline_s: float, what: str) -> None:
@@ -470,7 +529,8 @@ def _run_setup(setup: str, cfg: LoadConfig, pg_base: str, tmp: Path) -> dict[str
 def _command(cfg: LoadConfig, setups: list[str]) -> str:
     return (
         f"cachettl bench controlplane --links {cfg.links} --seconds {cfg.seconds:g} "
-        f"--link-rate {cfg.link_rate:g} --flush {cfg.flush_s:g} --setups {','.join(setups)} "
+        f"--link-rate {cfg.link_rate:g} --flush {cfg.flush_s:g} "
+        f"--arrivals-every {cfg.arrivals_s:g} --setups {','.join(setups)} "
         f"--client-procs {cfg.client_procs}" + ("" if cfg.compact else " --raw-snapshots")
     )
 

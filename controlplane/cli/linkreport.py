@@ -181,8 +181,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"{c['links']} links, each a gRPC channel: a batch of {c['batch']} tool calls every "
         f"{c['flush_s']} s ({c['link_rate']} events/s; what falls due while a batch waits for "
-        "its acknowledgement goes in the next, larger batch) plus its turn arrivals "
-        f"(ReportArrivals), and a WatchSnapshots stream; {c['seconds']} s of load, run by "
+        "its acknowledgement goes in the next, larger batch), their turns' arrivals reported "
+        f"every {c.get('arrivals_s', c['flush_s'])} s (ReportArrivals), and a WatchSnapshots "
+        f"stream; {c['seconds']} s of load, run by "
         f"{c['client_procs']} client processes (threads inside).",
         "",
         *table(report),

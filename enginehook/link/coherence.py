@@ -102,7 +102,7 @@ class CoherenceLink:
         client: CoherenceClient,
         engine_id: str,
         *,
-        interval_s: float = 0.05,
+        interval_s: float = 0.25,
         max_pending: int = 100_000,
         retry_s: float = 1.0,
         on_moved: Callable[[], None] | None = None,

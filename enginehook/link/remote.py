@@ -9,7 +9,11 @@ leaves the buffer only once the server acknowledged it, and the server drops rep
 event id, so delivery has no loss and no duplicates. A watcher thread follows
 ``WatchSnapshots`` and installs each snapshot in the engine's decider.
 
-The flush rule: while the control plane answers, events wait in memory (at most
+The send rule: while the control plane answers, a batch goes every ``send_interval_s``
+(1 s by default), or as soon as ``batch_events`` wait: the control plane's CPU is mostly
+per call, so an engine at a few events a second sends a few events a call rather than
+one (``docs/sizing.md``). The flush rule: while the control plane answers, events wait
+in memory (at most
 ``memory_events``; past that they go to disk). The first failed send puts every event in
 memory on disk, and from then on until the spill is delivered the sender appends what the
 scheduler handed over to the spill and ``fsync`` s it every ``flush_interval_s`` (0.2 s by
@@ -74,6 +78,7 @@ class ControlPlaneLink:
         *,
         batch_events: int = 500,
         flush_interval_s: float = 0.2,
+        send_interval_s: float = 1.0,
         max_backoff_s: float = 5.0,
         watch_snapshots: bool = True,
     ) -> None:
@@ -82,6 +87,7 @@ class ControlPlaneLink:
         self.decider = decider
         self.batch_events = batch_events
         self.flush_interval_s = flush_interval_s
+        self.send_interval_s = send_interval_s
         self.max_backoff_s = max_backoff_s
         self.delivered = 0
         self.rejected = 0
@@ -201,7 +207,7 @@ class ControlPlaneLink:
                     continue
             if stopping:
                 return
-            self._wake.wait(self.flush_interval_s)
+            self._wake.wait(self.flush_interval_s if down else self.send_interval_s)
             self._wake.clear()
 
     def _deadline_loop(self) -> None:

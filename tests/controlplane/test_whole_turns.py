@@ -65,7 +65,9 @@ class Engine:
 
     def __init__(self, name: str, server: ServerThread, token: str, spill: Path, coherent: bool):
         transport = GrpcTransport(server.target, token, timeout_s=5.0)
-        self.link = ControlPlaneLink(transport, EventBuffer(spill / name), flush_interval_s=0.05)
+        self.link = ControlPlaneLink(
+            transport, EventBuffer(spill / name), flush_interval_s=0.05, send_interval_s=0.05
+        )
         self.host = _LinkedHost(self.link)
         self.controller = PinController(
             SchedulingRules(), self.host, pool_blocks=1000, decider=_Fixed(), engine_id=name

@@ -104,6 +104,7 @@ def _link(
         decider,
         batch_events=7,
         flush_interval_s=0.05,
+        send_interval_s=0.05,
         max_backoff_s=0.3,
     )
 

@@ -44,6 +44,7 @@ _CHILD = textwrap.dedent(
         EventBuffer(spill),
         None,
         flush_interval_s=0.2,
+        send_interval_s=0.2,
     )
     for p in range(4):
         for i in range(19):

@@ -156,6 +156,7 @@ def test_events_reach_the_disk_within_the_flush_interval_when_sends_hang(tmp_pat
         EventBuffer(spill),
         None,
         flush_interval_s=0.2,
+        send_interval_s=0.2,
     )
     try:
         for i in range(20):
