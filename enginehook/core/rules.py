@@ -112,6 +112,16 @@ class SchedulingRules:
             "behind pins; off: programs holding a live pin go first (the paper's order)"
         },
     )
+    pins_in_kv_usage: bool = field(
+        default=False,
+        metadata={
+            "help": "the KV usage the engine publishes (vllm:kv_cache_usage_perc, which "
+            "routers admit and place by) counts pinned blocks as used, as vLLM's own count "
+            "does while pins hold them; off: pinned blocks count as free, as vLLM counts "
+            "cached blocks no request holds (pins yield to running work), and the pinned "
+            "share is published beside it (cachettl_kv_pinned_perc)"
+        },
+    )
     budget_share: float = field(
         default=1.0, metadata={"help": "share of the KV pool pins may hold at once"}
     )
@@ -208,7 +218,7 @@ class SchedulingRules:
 
 
 #: The rules that are true or false.
-_FLAGS = ("first_turn_reclaim", "first_turn_over_pins")
+_FLAGS = ("first_turn_reclaim", "first_turn_over_pins", "pins_in_kv_usage")
 
 
 def _rule_value(name: str, value: Any) -> PressureRule:
