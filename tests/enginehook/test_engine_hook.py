@@ -20,6 +20,14 @@ from tests.enginehook.driver import (
     logged_driver,
     logged_events,
 )
+from tests.enginehook.kvcheck import (
+    KV_TOLERANCE,
+    PromptKv,
+    block_contents,
+    kv_mismatches,
+    layer_caches,
+    run_capturing_prompt_kv,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -46,22 +54,63 @@ def _churn(driver: Driver, n: int = 6, words: int = 700) -> None:
     driver.drain()
 
 
-def test_pinned_prefix_survives_churn_and_output_equals_recompute(driver, clock):
+def _changed_blocks(held: dict[str, Any], got: PromptKv, count: int) -> list[int]:
+    """The indices of the first ``count`` blocks of ``got`` whose contents in some layer
+    differ in any bit from ``held`` (the same blocks copied when they were pinned)."""
+    import torch
+
+    return [
+        i
+        for i in range(count)
+        if any(not torch.equal(got.kv[name][i], blocks[i]) for name, blocks in held.items())
+    ]
+
+
+def _pinned_turn_and_recompute(
+    driver: Driver, clock: FakeClock, program: str, corrupt: Any = None
+) -> tuple[dict[str, Any], list[int], PromptKv, PromptKv]:
+    """Turn 1 of ``program`` (600 words, 32 outputs, pinned), the pinned blocks' contents
+    copied, other traffic churning the pool, ``corrupt(pinned_ids)`` if given, turn 2 (the
+    pinned prefix hit, 100 more words) and a full recompute of turn 2's prompt; returns the
+    copy, the pinned block ids and the prompt KV of turn 2 and of the recompute."""
     a1 = driver.words(600)
-    out1 = driver.run("A-1", a1, 32, session="A", xargs={"tool": "bash"})
-    assert "A" in driver.scheduler.pins
-    pinned_blocks = driver.scheduler.pins.get("A").blocks
-    assert pinned_blocks == (600 + 32) // BLOCK
+    out1 = driver.run(f"{program}-1", a1, 32, session=program, xargs={"tool": "bash"})
+    pin = driver.scheduler.pins.get(program)
+    assert pin is not None
+    assert pin.blocks == (600 + 32) // BLOCK
+    pinned_ids = [block.block_id for block in pin.handle]
+    held = block_contents(driver, pinned_ids)
     clock.advance(2.0)
     _churn(driver)
     clock.advance(0.5)
+    if corrupt is not None:
+        corrupt(pinned_ids)
     a2 = a1 + list(out1.outputs[0].token_ids) + driver.words(100)
-    out2 = driver.run("A-2", a2, 16, session="A", xargs={"last_turn": 1})
-    assert out2.num_cached_tokens == pinned_blocks * BLOCK
-    ref = driver.run("A-2-ref", a2, 16, salt="full-recompute")
+    xargs = {"last_turn": 1}
+    out2, got = run_capturing_prompt_kv(
+        driver, f"{program}-2", a2, 16, session=program, xargs=xargs
+    )
+    assert out2.num_cached_tokens == pin.blocks * BLOCK
+    assert got.block_ids[0][: pin.blocks] == pinned_ids  # the hit is the pinned blocks
+    assert program not in driver.scheduler.pins
+    ref, want = run_capturing_prompt_kv(driver, f"{program}-2-ref", a2, 16, salt="recompute")
     assert ref.num_cached_tokens == 0
-    assert list(out2.outputs[0].token_ids) == list(ref.outputs[0].token_ids)
-    assert "A" not in driver.scheduler.pins
+    assert not set(want.block_ids[0]) & set(pinned_ids)  # computed in other blocks
+    return held, pinned_ids, got, want
+
+
+def test_pinned_prefix_survives_churn_and_its_kv_equals_recompute(driver, clock):
+    """The pinned blocks come through the churn bit for bit, and turn 2's prompt KV (the
+    pinned prefix and the suffix computed over it, every layer) is a recompute's within
+    :data:`~tests.enginehook.kvcheck.KV_TOLERANCE`: turn 2's output is a function of that
+    KV and the weights, and this holds in any dtype on any CPU (greedy outputs of the two
+    paths differ in bfloat16 on CPUs without AVX-512 BF16, by rounding alone)."""
+    held, pinned_ids, got, want = _pinned_turn_and_recompute(driver, clock, "A")
+    assert _changed_blocks(held, got, len(pinned_ids)) == []
+    mismatches, compared = kv_mismatches(got, want)
+    assert compared == {0: set(range(len(got.block_ids[0])))}
+    assert len(compared[0]) > len(pinned_ids)  # the suffix's blocks too
+    assert mismatches == []
     events = [e for e in _events(driver) if e["program_id"] == "A"]
     tool_call = next(e for e in events if e["kind"] == "tool_call")
     assert tool_call["tool"] == "bash"
@@ -69,6 +118,35 @@ def test_pinned_prefix_survives_churn_and_output_equals_recompute(driver, clock)
     assert tool_call["duration_s"] == pytest.approx(2.5)
     end = next(e for e in events if e["kind"] == "program_end")
     assert end["total_turns"] == 2
+
+
+@pytest.mark.parametrize("corruption", ["another_sequence", "zeros"])
+def test_the_kv_checks_report_a_pinned_block_overwritten(driver, clock, corruption):
+    """The test of the test above: one pinned block overwritten in the engine's KV cache
+    during the churn (with the KV of another sequence at the same position, or zeros) is
+    found by both of its checks, in every layer, and no other pinned block is."""
+    victim = 7
+    other = None
+    if corruption == "another_sequence":
+        _, other = run_capturing_prompt_kv(driver, "other", driver.words(400), 1)
+
+    def corrupt(pinned_ids: list[int]) -> None:
+        for name, (_, tensor) in layer_caches(driver).items():
+            if other is None:
+                tensor[pinned_ids[victim]] = 0
+            else:
+                tensor[pinned_ids[victim]] = other.kv[name][victim]
+
+    held, pinned_ids, got, want = _pinned_turn_and_recompute(driver, clock, "V", corrupt)
+    assert _changed_blocks(held, got, len(pinned_ids)) == [victim]
+    mismatches, _ = kv_mismatches(got, want)
+    in_victim = {(m.layer, m.half) for m in mismatches if m.block == victim}
+    assert in_victim == {(name, half) for name in got.kv for half in ("key", "value")}
+    assert min(m.error for m in mismatches if m.block == victim) > 10 * KV_TOLERANCE
+    # Layer 0's KV depends on its own token alone: no other pinned block there is flagged
+    # (later layers' suffix blocks attend to the corrupted block and may be).
+    first = next(iter(got.kv))
+    assert {m.block for m in mismatches if m.layer == first} == {victim}
 
 
 def test_a_turn_index_from_the_body_counts_the_turns_served_elsewhere(driver, clock):
