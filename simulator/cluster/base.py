@@ -24,6 +24,7 @@ from enginehook.core.pins import Pin
 __all__ = [
     "ROUTERS",
     "ClusterHost",
+    "EngineMetrics",
     "EngineView",
     "Params",
     "Router",
@@ -55,6 +56,19 @@ class TurnRequest:
     now: float
 
 
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """What an engine's ``/metrics`` says at one moment: ``vllm:kv_cache_usage_perc`` (a
+    share of the KV pool), ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``.
+    A block held by a request counts as used, a cached block no request holds as free; a
+    pinned block counts as used only where its controller's rule ``pins_in_kv_usage`` says
+    so (:meth:`ClusterEngine.metrics`)."""
+
+    kv_usage: float
+    running: int
+    waiting: int
+
+
 class EngineView(Protocol):
     """What a router may read of one engine."""
 
@@ -74,6 +88,7 @@ class EngineView(Protocol):
     @property
     def replica_id(self) -> str: ...
     def routing_stats(self, now: float) -> dict[str, Any]: ...
+    def metrics(self) -> EngineMetrics: ...
 
 
 class ClusterHost(Protocol):

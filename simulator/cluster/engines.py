@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from enginehook.core.pins import Pin, ReleaseReason
 from enginehook.routing.stats import Queued, replica_stats, view_of
 from estimator import HardwareProfile
+from simulator.cluster.base import EngineMetrics
 from simulator.engine import EngineConfig, Request
 from simulator.loop import Event, EventLoop
 from simulator.policies import get_scheduling_policy
@@ -83,6 +84,17 @@ class ClusterEngine(Simulation):
 
     def kv_tokens(self) -> int:
         return self.engine.pool.num_blocks * self.config.block_size
+
+    def metrics(self) -> EngineMetrics:
+        """What this engine's ``/metrics`` publishes now: KV usage (blocks used over the
+        pool; pinned blocks count as used only under the rule ``pins_in_kv_usage``, else as
+        free, as vLLM counts cached blocks no request holds), running and waiting requests.
+        A stock ``vllm`` engine has no pins, so its usage is vLLM's own."""
+        pool = self.engine.pool
+        used = pool.used if self.controller.rules.pins_in_kv_usage else self.active_blocks()
+        return EngineMetrics(
+            used / pool.num_blocks, len(self.engine.running), len(self.engine.waiting)
+        )
 
     def pin_of(self, program_id: str) -> Pin[int] | None:
         return self.pins.get(program_id)

@@ -24,7 +24,15 @@ class DynamoKv(Router):
     events: pinned or cached). Session affinity (``X-Dynamo-Session-ID``) with a
     router-local idle TTL: ``hard`` sends a bound session to its worker, an exact
     constraint; ``soft`` (a "policy-visible preference"; its cost term is not published)
-    credits the bound worker with the request's whole prompt as if it overlapped."""
+    credits the bound worker with the request's whole prompt as if it overlapped.
+
+    Signals: no engine metric. The prompt work and the decode blocks are the router's own
+    count of the requests it sent and that are not done (``lib/kv-router``'s active
+    sequences; here :meth:`EngineView.queued_tokens` and :meth:`EngineView.active_blocks`,
+    the blocks running requests hold, pins excluded); the overlap comes from the engines' KV
+    events (stored blocks, pinned ones included: :meth:`EngineView.cached_tokens`). So what
+    an engine publishes as ``vllm:kv_cache_usage_perc``, and whether it counts pins
+    (``pins_in_kv_usage``), does not reach this router."""
 
     name = "dynamo"
     help = "Dynamo KV router cost; affinity=none|hard|soft with an idle TTL (ttl_s)"
@@ -88,7 +96,14 @@ class LlmdScorers(Router):
     with the fewest bound sessions; binding evicted after 600 s idle), approximate prefix
     (matched share of the prompt from the router's own index of what it sent where) and
     queue depth (``(max - q) / (max - min)`` of waiting requests, 1 when all equal). The
-    guide's weights are prefix 3 and queue 2; session affinity keeps the plugin default 1."""
+    guide's weights are prefix 3 and queue 2; session affinity keeps the plugin default 1.
+
+    Signals: the queue scorer reads ``vllm:num_requests_waiting`` scraped from each pod
+    (the scorers directory above; here :meth:`EngineView.metrics`' ``waiting``). The
+    kv-cache-utilization scorer, which reads ``vllm:kv_cache_usage_perc``, is not among the
+    guide's scorers, so pins counted in the KV
+    usage or not (``pins_in_kv_usage``) change nothing here; the prefix scorer is the
+    router's own index."""
 
     name = "llm-d"
     help = "llm-d EPP: session-affinity 1 + prefix 3 + queue 2 scorers, binding idle TTL 600 s"
@@ -137,12 +152,12 @@ class LlmdScorers(Router):
         bound = self.binding(pid, request.now)
         if bound is None or bound not in self._sessions:
             bound = least(engines, lambda e: self._sessions[e.engine_id]).engine_id
-        queues = [e.waiting_count() for e in engines]
-        high, low = max(queues), min(queues)
+        waiting = {e.engine_id: e.metrics().waiting for e in engines}
+        high, low = max(waiting.values()), min(waiting.values())
         sent = self._prefix.get(pid)
 
         def score(e: EngineView) -> float:
-            queue = 1.0 if high == low else (high - e.waiting_count()) / (high - low)
+            queue = 1.0 if high == low else (high - waiting[e.engine_id]) / (high - low)
             prefix = 0.0
             if sent is not None and sent[0] == e.engine_id:
                 prefix = min(sent[1], request.prompt_tokens) / request.prompt_tokens

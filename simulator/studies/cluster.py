@@ -8,8 +8,12 @@ trace of each seed, with one engine added when half the programs have arrived. T
 compared pair (default ``ttl-aware`` + ``cachettl``) gets a verdict against every other
 pair on mean JCT, P99 JCT and first-turn wait P90 with ``bench seeds``' statistics
 (wins/ties/losses, sign test, bootstrap interval); orphaned pin token-seconds and remapped
-pins are reported beside them. Writes ``OUT.md``, ``OUT.json`` and ``OUT.png`` (mean JCT
-against load, one line per pair).
+pins are reported beside them. ``--ours`` may name several pairs (each gets its verdicts;
+the first is the one the summary and the plot follow), and ``--pairs`` names the pairs run
+instead of every router × retention. Lists are split on commas outside parentheses, so a
+spec may carry several parameters (``cachettl(pins_in_kv_usage=true,ttl_cap_s=60)``).
+``--kv-tokens`` sets each engine's KV pool. Writes ``OUT.md``, ``OUT.json`` and ``OUT.png``
+(mean JCT against load, one line per pair).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cluster import ROUTERS, TopologyChange, simulate_cluster
+from simulator.engine import EngineConfig
 from simulator.metrics import isolated_jct
+from simulator.studies import provenance
 from simulator.studies.seeds import paired, parse_seeds
 from simulator.studies.study import output_path
 from simulator.trace import Program
@@ -51,7 +57,18 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--rate", type=float, help="base rate (programs/s) instead of calibrating")
     p.add_argument("--routers", default=",".join(sorted(ROUTERS)), help="routers compared")
     p.add_argument("--retentions", default=RETENTIONS, help="retention policies compared")
-    p.add_argument("--ours", default=OURS, help="the pair compared, ROUTER+RETENTION")
+    p.add_argument(
+        "--ours",
+        default=OURS,
+        help="the pair compared, ROUTER+RETENTION (several, comma-separated: each gets verdicts)",
+    )
+    p.add_argument(
+        "--pairs",
+        help="ROUTER+RETENTION pairs run, comma-separated (instead of --routers x --retentions)",
+    )
+    p.add_argument(
+        "--kv-tokens", type=int, help="each engine's KV pool in tokens (default: the profile's)"
+    )
     p.add_argument("--out", default="results/cluster", help="writes OUT.md/.json/.png")
     p.add_argument(
         "--report", metavar="JSON", help="re-render OUT.md/.png from a JSON written before"
@@ -90,8 +107,27 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=_cluster)
 
 
+def split_specs(text: str) -> list[str]:
+    """``text`` split on commas outside parentheses (empty items dropped).
+
+    >>> split_specs("vllm,cachettl(a=1,b=2),x+y(c=3)")
+    ['vllm', 'cachettl(a=1,b=2)', 'x+y(c=3)']
+    """
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
 def _pair(text: str) -> tuple[str, str]:
-    router, plus, retention = text.rpartition("+")
+    router, plus, retention = text.partition("+")
     if not plus or not router or not retention:
         raise ValueError(f"expected ROUTER+RETENTION, got {text!r}")
     return router, retention
@@ -108,15 +144,24 @@ def _redraw(programs: Sequence[Program], rate: float, seed: int) -> list[Program
 
 
 def _run(
-    programs: Sequence[Program], pair: tuple[str, str], engines: int, seed: int
+    programs: Sequence[Program],
+    pair: tuple[str, str],
+    engines: int,
+    seed: int,
+    config: EngineConfig | None = None,
 ) -> dict[str, float]:
     half = sorted(p.arrival_s for p in programs)[len(programs) // 2]
     join = [TopologyChange(half, "add")]
-    result = simulate_cluster(programs, pair[0], pair[1], engines, HARDWARE, None, join, seed)
+    result = simulate_cluster(programs, pair[0], pair[1], engines, HARDWARE, config, join, seed)
     return result.figures()
 
 
-def calibrate(traces: list[list[Program]], seeds: Sequence[int], engines: int) -> float:
+def calibrate(
+    traces: list[list[Program]],
+    seeds: Sequence[int],
+    engines: int,
+    config: EngineConfig | None = None,
+) -> float:
     """The rate at which vLLM behind round_robin reaches mean slowdown 3 (no topology
     change; 5 halvings after bracketing: about 3 % of the rate)."""
     isolated = [isolated_jct(t, HARDWARE) for t in traces]
@@ -124,7 +169,9 @@ def calibrate(traces: list[list[Program]], seeds: Sequence[int], engines: int) -
     def slowdown(rate: float) -> float:
         total = 0.0
         for trace, iso, seed in zip(traces, isolated, seeds, strict=True):
-            result = simulate_cluster(_redraw(trace, rate, seed), "round_robin", "vllm", engines)
+            result = simulate_cluster(
+                _redraw(trace, rate, seed), "round_robin", "vllm", engines, HARDWARE, config
+            )
             total += result.figures(iso)["mean_slowdown"]
         return total / len(traces)
 
@@ -146,10 +193,11 @@ def _measure(
     args: argparse.Namespace, seeds: Sequence[int], pairs: list[tuple[str, str]]
 ) -> tuple[float, dict[float, dict[str, list[dict[str, float]]]]]:
     traces = _traces(args.workload, args.programs, seeds)
+    config = EngineConfig(kv_tokens=args.kv_tokens) if args.kv_tokens else None
     base = args.rate
     if base is None:
         calibration = list(seeds[:2])
-        base = calibrate(traces[:2], calibration, args.engines)
+        base = calibrate(traces[:2], calibration, args.engines, config)
         print(f"slowdown-3 load of round_robin + vllm: {base:.4f} programs/s", flush=True)
     runs: dict[float, dict[str, list[dict[str, float]]]] = {}
     for factor in (float(x) for x in args.loads.split(",")):
@@ -158,7 +206,7 @@ def _measure(
             programs = _redraw(trace, base * factor, seed)
             for router, retention in pairs:
                 rows[f"{router}+{retention}"].append(
-                    _run(programs, (router, retention), args.engines, seed)
+                    _run(programs, (router, retention), args.engines, seed, config)
                 )
             print(f"load {factor} seed {seed} done", flush=True)
         runs[factor] = rows
@@ -204,7 +252,12 @@ def _markdown(summary: dict[str, Any]) -> list[str]:
         f"Command: `{summary['command']}`",
         "",
         "Base load (round_robin + vllm at mean slowdown 3): "
-        f"{summary['base_rate']:.4f} programs/s.",
+        f"{summary['base_rate']:.4f} programs/s."
+        + (
+            f" KV pool per engine: {summary['kv_tokens']} tokens."
+            if summary.get("kv_tokens")
+            else ""
+        ),
     ]
     lines += ["", "## Summary", "", _done_header()]
     lines.append("|---|---|---|---|---|")
@@ -216,15 +269,17 @@ def _markdown(summary: dict[str, Any]) -> list[str]:
         lines.append("|---" * (len(REPORTED) + 1) + "|")
         for pair, means in sorted(block["means"].items(), key=lambda kv: kv[1]["mean_jct_s"]):
             lines.append(f"| {pair} | " + " | ".join(f"{means[k]:.4g}" for k in REPORTED) + " |")
-        lines += ["", f"### {summary['ours']} against each pair (lower is better)", ""]
-        lines.append("| rival | metric | W/T/L | sign p | mean diff [95 % CI] | verdict |")
-        lines.append("|---|---|---|---|---|---|")
-        for v in block["verdicts"]:
-            lines.append(
-                f"| {v['rival']} | {v['metric']} | {v['wins']}/{v['ties']}/{v['losses']} | "
-                f"{v['sign_p']:.3g} | {v['mean_diff']:.3g} [{v['low']:.3g}, {v['high']:.3g}] | "
-                f"{v['verdict']} |"
-            )
+        blocks = {summary["ours"]: block["verdicts"], **block.get("more_verdicts", {})}
+        for ours, verdicts in blocks.items():
+            lines += ["", f"### {ours} against each pair (lower is better)", ""]
+            lines.append("| rival | metric | W/T/L | sign p | mean diff [95 % CI] | verdict |")
+            lines.append("|---|---|---|---|---|---|")
+            for v in verdicts:
+                lines.append(
+                    f"| {v['rival']} | {v['metric']} | {v['wins']}/{v['ties']}/{v['losses']} | "
+                    f"{v['sign_p']:.3g} | {v['mean_diff']:.3g} [{v['low']:.3g}, "
+                    f"{v['high']:.3g}] | {v['verdict']} |"
+                )
     return lines
 
 
@@ -319,13 +374,18 @@ def _cluster(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     if args.engines < 1 or args.programs < 2:
         raise ValueError("--engines must be >= 1 and --programs >= 2")
-    ours = _pair(args.ours)
-    routers = [r for r in args.routers.split(",") if r]
-    retentions = [r for r in args.retentions.split(",") if r]
-    pairs = [(r, k) for r in routers for k in retentions if (r, k) != ours]
-    pairs.insert(0, ours)
+    started = provenance.load_now()
+    compared = [_pair(p) for p in split_specs(args.ours)]
+    if not compared:
+        raise ValueError("--ours must name a pair ROUTER+RETENTION")
+    if args.pairs:
+        pairs = [_pair(p) for p in split_specs(args.pairs)]
+    else:
+        routers, retentions = split_specs(args.routers), split_specs(args.retentions)
+        pairs = [(r, k) for r in routers for k in retentions]
+    pairs = list(dict.fromkeys([*compared, *pairs]))
     base, runs = _measure(args, seeds, pairs)
-    label = f"{ours[0]}+{ours[1]}"
+    label = f"{compared[0][0]}+{compared[0][1]}"
     summary: dict[str, Any] = {
         "command": "cachettl bench cluster " + shlex.join(sys.argv[3:]),
         "workload": args.workload,
@@ -334,6 +394,7 @@ def _cluster(args: argparse.Namespace) -> int:
         "seeds": seeds,
         "base_rate": base,
         "ours": label,
+        **({"kv_tokens": args.kv_tokens} if args.kv_tokens else {}),
         "loads": {},
     }
     for factor, rows in runs.items():
@@ -342,9 +403,15 @@ def _cluster(args: argparse.Namespace) -> int:
             "verdicts": _verdicts(label, rows),
             "per_seed": rows,
         }
+        more = {f"{r}+{k}": _verdicts(f"{r}+{k}", rows) for r, k in compared[1:]}
+        if more:
+            summary["loads"][str(factor)]["more_verdicts"] = more
     output_path(args.out, ".json").parent.mkdir(parents=True, exist_ok=True)
     output_path(args.out, ".json").write_text(json.dumps(summary, indent=1) + "\n")
     _write(args.out, summary)
+    made = provenance.current(f"{summary['command']}", started)
+    for suffix in (".md", ".json"):
+        provenance.stamp(output_path(args.out, suffix), made)
     return 0
 
 
