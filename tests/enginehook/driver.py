@@ -3,6 +3,7 @@ and shutdown of the engine."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -12,6 +13,11 @@ from typing import Any
 from enginehook.vllm.guards import hook_scheduler_cls
 
 BLOCK = 32
+
+#: The dtype the engine tests run their engines in (:func:`make_llm` and the OpenAI servers
+#: of ``processes.py``): the tiny models' own, bfloat16, unless ``CACHETTL_TEST_DTYPE`` names
+#: another (``float32``: to show that no test depends on bfloat16's rounding).
+DTYPE = os.environ.get("CACHETTL_TEST_DTYPE", "bfloat16")
 
 
 class FakeClock:
@@ -91,7 +97,7 @@ def make_llm(model: Path, hook_config: dict[str, Any] | None, **kw: Any) -> Any:
 
     args: dict[str, Any] = {
         "model": str(model),
-        "dtype": "bfloat16",
+        "dtype": DTYPE,
         "max_model_len": 2048,
         "block_size": BLOCK,
         "num_gpu_blocks_override": 96,

@@ -14,6 +14,7 @@ from typing import Any
 
 from enginehook.tools.servers import free_port, wait_for
 from enginehook.vllm.guards import hook_scheduler_cls
+from tests.enginehook.driver import DTYPE
 
 __all__ = ["free_port", "settled_events", "start_vllm_server", "vllm_healthy", "wait_for"]
 
@@ -42,7 +43,7 @@ def start_vllm_server(
     four sequences) with the CacheTTL scheduler configured by ``hook``, then
     ``extra_args`` (e.g. ``--middleware``); output to ``log``."""
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-    args += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16"]
+    args += ["--host", "127.0.0.1", "--port", str(port), "--dtype", DTYPE]
     args += ["--max-model-len", "2048", "--block-size", "32", "--num-gpu-blocks-override", "96"]
     args += ["--enable-prefix-caching", "--max-num-seqs", "4", "--enable-prompt-tokens-details"]
     args += ["--scheduler-cls", hook_scheduler_cls()]
