@@ -89,7 +89,13 @@ class ClusterEngine(Simulation):
         """What this engine's ``/metrics`` publishes now: KV usage (blocks used over the
         pool; pinned blocks count as used only under the rule ``pins_in_kv_usage``, else as
         free, as vLLM counts cached blocks no request holds), running and waiting requests.
-        A stock ``vllm`` engine has no pins, so its usage is vLLM's own."""
+        A stock ``vllm`` engine has no pins, so its usage is vLLM's own.
+
+        An idle engine first expires its overdue pins, as the hook's idle wake-up does
+        (``enginehook/vllm/idle.py``: twice a second while pins are held); the simulated
+        engine otherwise expires pins only when it next steps."""
+        if not self._stepping and self.controller.expire(self.loop.now):
+            self.engine.waiting.mark_dirty()
         pool = self.engine.pool
         used = pool.used if self.controller.rules.pins_in_kv_usage else self.active_blocks()
         return EngineMetrics(

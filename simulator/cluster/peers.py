@@ -99,7 +99,7 @@ class LlmdScorers(Router):
     guide's weights are prefix 3 and queue 2; session affinity keeps the plugin default 1.
 
     Signals: the queue scorer reads ``vllm:num_requests_waiting`` scraped from each pod
-    (the scorers directory above; here :meth:`EngineView.metrics`' ``waiting``). The
+    (the scorers directory above; here :meth:`EngineView.waiting_count`). The
     kv-cache-utilization scorer, which reads ``vllm:kv_cache_usage_perc``, is not among the
     guide's scorers, so pins counted in the KV
     usage or not (``pins_in_kv_usage``) change nothing here; the prefix scorer is the
@@ -152,7 +152,7 @@ class LlmdScorers(Router):
         bound = self.binding(pid, request.now)
         if bound is None or bound not in self._sessions:
             bound = least(engines, lambda e: self._sessions[e.engine_id]).engine_id
-        waiting = {e.engine_id: e.metrics().waiting for e in engines}
+        waiting = {e.engine_id: e.waiting_count() for e in engines}
         high, low = max(waiting.values()), min(waiting.values())
         sent = self._prefix.get(pid)
 
