@@ -177,6 +177,10 @@ class ProgramScheduling(Router):
     def binding(self, program_id: str, now: float) -> int | None:
         return self._home.get(program_id)
 
+    def held(self) -> int:
+        """Turns the router holds now (all targets)."""
+        return sum(len(queue) for queue in self._held.values())
+
     # -- what the router reads of its targets --------------------------------------------
     def _capacity(self, engine: EngineView) -> float | None:
         return engine.kv_tokens() * self.capacity_share if self.capacity_share > 0 else None
