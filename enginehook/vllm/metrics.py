@@ -45,6 +45,8 @@ class HookMetrics:
         self._lock = threading.Lock()
         self.pins_held = 0
         self.pinned_blocks = 0
+        #: Share of the KV pool only pins hold (published as free unless pins_in_kv_usage).
+        self.kv_pinned = 0.0
         self.pins_taken = 0
         self.pinned_prefix_hits = 0
         self.hit_tokens = 0
@@ -94,6 +96,11 @@ class HookMetrics:
         """Current pins held and blocks they hold."""
         with self._lock:
             self.pins_held, self.pinned_blocks = pins, blocks
+
+    def set_kv_pinned(self, share: float) -> None:
+        """The share of the KV pool that only pins hold."""
+        with self._lock:
+            self.kv_pinned = share
 
     def decision(self, basis: str) -> None:
         """A TTL decision was taken on ``basis``."""
@@ -167,6 +174,7 @@ class HookMetrics:
             return {
                 "pins_held": self.pins_held,
                 "pinned_blocks": self.pinned_blocks,
+                "kv_pinned_perc": self.kv_pinned,
                 "pins_taken": self.pins_taken,
                 "pinned_prefix_hits": self.pinned_prefix_hits,
                 "hit_tokens": self.hit_tokens,
@@ -199,6 +207,8 @@ class HookMetrics:
             f"cachettl_pins_held {s['pins_held']}",
             "# TYPE cachettl_pinned_blocks gauge",
             f"cachettl_pinned_blocks {s['pinned_blocks']}",
+            "# TYPE cachettl_kv_pinned_perc gauge",
+            f"cachettl_kv_pinned_perc {s['kv_pinned_perc']:.6g}",
             "# TYPE cachettl_pins_taken_total counter",
             f"cachettl_pins_taken_total {s['pins_taken']}",
             "# TYPE cachettl_pinned_prefix_hits_total counter",

@@ -19,7 +19,9 @@ vLLM's narrow hooks to it:
   (:mod:`enginehook.hints.replies`), which vLLM writes into the non-streaming reply
   (these two: :class:`~enginehook.vllm.finishing.FinishedTurnHooks`);
 - ``kv_cache_manager.allocate_slots`` (wrapped): release pins under memory pressure;
-- ``reset_prefix_cache`` / ``shutdown``: release every pin first.
+- ``reset_prefix_cache`` / ``shutdown``: release every pin first;
+- ``make_stats`` / ``get_kv_cache_usage``: the KV usage routers read counts blocks that
+  only pins hold as free, unless ``pins_in_kv_usage`` (:mod:`enginehook.vllm.usage`).
 
 No exception from the hook's own code reaches vLLM's scheduler: each hook runs its part
 under one ``try``; an exception there is logged with the request id (with its traceback
@@ -64,6 +66,7 @@ from enginehook.vllm.requests import (
     read_hints,
 )
 from enginehook.vllm.services import HookServices
+from enginehook.vllm.usage import PinnedUsage, published_usage
 
 __all__ = ["CacheTTLAsyncScheduler", "CacheTTLMixin", "CacheTTLScheduler"]
 
@@ -98,6 +101,7 @@ class CacheTTLMixin(FinishedTurnHooks):
         self.active = config.enabled and passthrough is None
         self.clock: Callable[[], float] = time.time
         self._pool = self.kv_cache_manager.block_pool
+        self._usage = PinnedUsage(self._pool.num_gpu_blocks, time.monotonic)
         #: Routers' drop / extend commands (the hook's endpoint), settled in schedule().
         self.commands = PinCommands(self.active)
         self.services = HookServices(config, self.vllm_config, self.commands)
@@ -341,6 +345,33 @@ class CacheTTLMixin(FinishedTurnHooks):
         except Exception as exc:
             self._fault("allocate_slots", request.request_id, exc)
         return got[-1]
+
+    def _published_usage(self, usage: float) -> float:
+        """vLLM's KV ``usage`` as this engine publishes it (:mod:`enginehook.vllm.usage`);
+        the share only pins hold goes to the hook's gauge."""
+        try:
+            pins_only = self._usage.blocks(
+                lambda: [p.handle or () for p in self.pins], len(self.pins)
+            )
+            self.metrics.set_kv_pinned(self._usage.share(pins_only))
+            count_pins = self.cachettl.rules.pins_in_kv_usage or not self.active
+            return published_usage(
+                usage, pins_only=pins_only, total=self._usage.total, count_pins=count_pins
+            )
+        except Exception as exc:
+            self._fault("make_stats", None, exc)
+            return usage
+
+    def get_kv_cache_usage(self) -> float:
+        # What vLLM's data-parallel load balancing reads.
+        return self._published_usage(super().get_kv_cache_usage())  # type: ignore[misc]
+
+    def make_stats(self, *args: Any, **kwargs: Any) -> Any:
+        # What vLLM publishes as vllm:kv_cache_usage_perc (and logs as KV cache usage).
+        stats = super().make_stats(*args, **kwargs)  # type: ignore[misc]
+        if stats is not None:
+            stats.kv_cache_usage = self._published_usage(stats.kv_cache_usage)
+        return stats
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
         try:

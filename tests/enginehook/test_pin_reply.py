@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import subprocess
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +161,7 @@ class Server:
     base_url: str
     model: str
     event_log: Path
+    hook_metrics: str
 
     def client(self) -> Any:
         from openai import OpenAI
@@ -173,17 +176,24 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     work = tmp_path_factory.mktemp("pin-reply")
+    metrics_port = free_port()
     hook = {
         "policy": "fixed",
         "policy_params": {"ttl_s": TTL_S, "skip_slow_tools": False},
         "event_log": str(work / "events.jsonl"),
+        "metrics_listen": f"127.0.0.1:{metrics_port}",
     }
     port, log = free_port(), work / "vllm.log"
     middleware = ("--middleware", "enginehook.sessions.SessionIdMiddleware")
     proc = start_vllm_server(tiny_model, port, hook, log, middleware)
     try:
         wait_for(lambda: vllm_healthy(proc, port, log), 600, "the vLLM server")
-        yield Server(f"http://127.0.0.1:{port}/v1", str(tiny_model), work / "events.jsonl")
+        yield Server(
+            f"http://127.0.0.1:{port}/v1",
+            str(tiny_model),
+            work / "events.jsonl",
+            f"http://127.0.0.1:{metrics_port}/metrics",
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -354,3 +364,43 @@ def test_a_streamed_responses_turn_names_its_pin_in_its_completed_event(server: 
     (call,) = server.events("tool_call", program)
     assert call["pin_outcome"] == "hit"
     assert decided["expires_at"] == pytest.approx(call["finished_at"] + TTL_S, abs=1e-6)
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return str(r.read().decode())
+
+
+def _gauge(text: str, name: str) -> float:
+    """The value of the one sample of ``name`` in a Prometheus text exposition."""
+    (value,) = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    return float(value)
+
+
+@pytest.mark.slow
+def test_routers_read_pinned_blocks_as_free_and_the_pinned_share_beside_it(
+    server: Server,
+) -> None:
+    """With only pins in the pool and nothing running, vllm:kv_cache_usage_perc (what a
+    router admits by) reads 0 while the hook's cachettl_kv_pinned_perc is the pins'
+    blocks over the pool vLLM reports; the next turn still hits its pin."""
+    program, messages = "usage-pin", _messages(7)
+    reply = _turn(server, program, messages, {"tool": "bash", "tool_args": "ls"}).parse()
+    tokens = reply.kv_transfer_params[REPLY_KEY]["tokens"]
+    engine = _scrape(server.base_url.removesuffix("/v1") + "/metrics")
+    blocks = re.search(r'^vllm:cache_config_info{[^}]*num_gpu_blocks="(\d+)"', engine, re.M)
+    assert blocks is not None
+    pool = int(blocks.group(1)) - 1  # vLLM's usage leaves out its null block
+    assert _gauge(engine, "vllm:kv_cache_usage_perc") == 0.0
+    hook = _scrape(server.hook_metrics)
+    # Every pin's blocks (this module's other programs may still hold theirs; none of
+    # their prompts shares a block with another's), this one's among them.
+    pinned_blocks = _gauge(hook, "cachettl_pinned_blocks")
+    assert pinned_blocks >= tokens // 32 > 0
+    assert _gauge(hook, "cachettl_kv_pinned_perc") == pytest.approx(pinned_blocks / pool, rel=1e-4)
+    messages += [
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": random_words(random.Random(8), 30)},
+    ]
+    last = _turn(server, program, messages, {"last_turn": 1}).parse()
+    assert last.usage.prompt_tokens_details.cached_tokens >= tokens
