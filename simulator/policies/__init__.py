@@ -22,11 +22,12 @@ thunderagent         ThunderAgent: pauses/resumes whole programs to fit KV, no p
 llmd-fairness        llm-d program-aware fairness: least attained service per session
 sglang-session       SGLang session radix cache: kept until close, LRU after free cache
 agentinfer           AgentInfer 0.2.0 Progress-TTL: others held out at admission, no pins
+cachettl-agentinfer  AgentInfer's admission in front of cachettl (pins, program order)
 vllm-cache-aware     vLLM 0.34 cache_aware_admission_window: cached prompts first, no pins
 ===================  =====================================================================
 """
 
-from simulator.policies.agentinfer import AgentInfer
+from simulator.policies.agentinfer import AgentInfer, CachettlAgentInfer
 from simulator.policies.base import (
     POLICIES,
     Param,
@@ -62,6 +63,7 @@ __all__ = [
     "Autellix",
     "CacheAwareAdmission",
     "Cachettl",
+    "CachettlAgentInfer",
     "Continuum",
     "ContinuumPreview",
     "Infercept",

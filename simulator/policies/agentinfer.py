@@ -55,8 +55,16 @@ from typing import Any, ClassVar
 
 from enginehook.core.rules import SchedulingRules
 from simulator.policies.base import Param, SchedulingPolicy, register_scheduling_policy
+from simulator.policies.cachettl import Cachettl
 
-__all__ = ["AgentInfer", "ProgressTtlAdmission", "cold_prefill_impact_s", "progress_ttl"]
+__all__ = [
+    "AgentInfer",
+    "CachettlAgentInfer",
+    "ProgressTtlAdmission",
+    "cold_prefill_impact_s",
+    "install_progress_ttl",
+    "progress_ttl",
+]
 
 # progress_ttl/config.py defaults.
 WINDOW = 100
@@ -452,26 +460,51 @@ class AgentInfer(SchedulingPolicy):
     PARAMS: ClassVar[dict[str, Param]] = {}
 
     def attach(self, host: Any) -> None:
-        engine, size = host.engine, host.config.block_size
-        admission: ProgressTtlAdmission | None = None
+        self.admission = install_progress_ttl(host, count_pins=True)
 
-        def native() -> tuple[int, int]:
-            waiting = sum(
-                r.prompt_tokens
-                for r in engine.waiting
-                if admission is None or not admission.held(r.program_id)
-            )
-            return engine.pool.used * size, waiting
 
-        admission = ProgressTtlAdmission(engine.pool.num_blocks * size, native)
-        host.controller.admission = admission
-        self.admission = admission
-        finish = host.on_finish
+def install_progress_ttl(host: Any, *, count_pins: bool) -> ProgressTtlAdmission:
+    """Put a :class:`ProgressTtlAdmission` in front of ``host``'s engine (the run's
+    :class:`simulator.sim.Simulation`) as its controller's admission; it learns from every
+    finished request. ``count_pins``: whether blocks only pins hold count in the used KV
+    the admission reads (with the CacheTTL hook, vLLM's ``get_kv_cache_usage`` counts
+    them as free unless the rule ``pins_in_kv_usage`` is on)."""
+    engine, size = host.engine, host.config.block_size
+    pins = host.controller.pins
+    admission: ProgressTtlAdmission | None = None
 
-        def on_finish(request: Any, now: float) -> None:
-            finish(request, now)  # the controller's turn end (the admission's ``acting``)
-            admitted = request.first_admitted_at
-            latency = now - (admitted if admitted is not None else request.arrival)
-            admission.observe(request.program_id, request.output_tokens, latency, now)
+    def native() -> tuple[int, int]:
+        waiting = sum(
+            r.prompt_tokens
+            for r in engine.waiting
+            if admission is None or not admission.held(r.program_id)
+        )
+        used = engine.pool.used - (0 if count_pins else pins.pinned_blocks)
+        return used * size, waiting
 
-        host.on_finish = on_finish
+    admission = ProgressTtlAdmission(engine.pool.num_blocks * size, native)
+    host.controller.admission = admission
+    finish = host.on_finish
+
+    def on_finish(request: Any, now: float) -> None:
+        finish(request, now)  # the controller's turn end (the admission's ``acting``)
+        admitted = request.first_admitted_at
+        latency = now - (admitted if admitted is not None else request.arrival)
+        admission.observe(request.program_id, request.output_tokens, latency, now)
+
+    host.on_finish = on_finish
+    return admission
+
+
+@register_scheduling_policy
+class CachettlAgentInfer(Cachettl):
+    """AgentInfer's Progress-TTL admission (as ``agentinfer``) in front of an engine
+    running ``cachettl``: its rules, its pins and its queue order behind the admission.
+    The admission reads the used KV as the hook publishes it (pins count as free unless
+    ``pins_in_kv_usage``)."""
+
+    name = "cachettl-agentinfer"
+    help = "AgentInfer's Progress-TTL admission in front of cachettl (pins, program order)"
+
+    def attach(self, host: Any) -> None:
+        self.admission = install_progress_ttl(host, count_pins=self.rules.pins_in_kv_usage)
