@@ -98,7 +98,9 @@ def run_capturing_prompt_kv(
     driver: Driver, rid: str, ids: list[int], max_tokens: int, **kw: Any
 ) -> tuple[Any, PromptKv]:
     """Run one request to its end (alone: nothing else may be unfinished) and return its
-    output with its prompt's KV, copied in the step that finished its prefill."""
+    output with its prompt's KV, copied in the step that finished its prefill (so
+    ``max_tokens`` must be 2 or more: it must still run after that step)."""
+    assert max_tokens >= 2
     assert not driver.engine.has_unfinished_requests()
     full = len(ids) // BLOCK
     null = driver.scheduler.kv_cache_manager.block_pool.null_block.block_id

@@ -128,7 +128,7 @@ def test_the_kv_checks_report_a_pinned_block_overwritten(driver, clock, corrupti
     victim = 7
     other = None
     if corruption == "another_sequence":
-        _, other = run_capturing_prompt_kv(driver, "other", driver.words(400), 1)
+        _, other = run_capturing_prompt_kv(driver, "other", driver.words(400), 2)
 
     def corrupt(pinned_ids: list[int]) -> None:
         for name, (_, tensor) in layer_caches(driver).items():

@@ -3,7 +3,9 @@ Gemma-3-style model (five sliding-window layers per full-attention layer, window
 tokens) built on the spot. A pin holds every KV cache group's hashed blocks (the full
 prefix of the full-attention group, the in-window blocks of the sliding-window groups); the
 next turn's prefix hit through vLLM's hybrid manager finds all of them after other traffic
-churned the pool, and its greedy output equals a full recompute.
+churned the pool, the pinned blocks come through bit for bit, and the next turn's prompt KV
+in every layer is a full recompute's (``kvcheck.py``: greedy outputs would compare bfloat16
+rounding too).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.enginehook.driver import BLOCK, Driver, FakeClock, make_llm, shutdown
+from tests.enginehook.kvcheck import block_contents, kv_mismatches, run_capturing_prompt_kv
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +60,9 @@ def _churn(driver: Driver, n: int = 8, words: int = 700) -> None:
     driver.drain()
 
 
-def test_a_pinned_hybrid_prefix_is_hit_after_churn_and_equals_recompute(driver):
+def test_a_pinned_hybrid_prefix_is_hit_after_churn_and_its_kv_equals_recompute(driver):
+    import torch
+
     sched = driver.scheduler
     a1, b1 = driver.words(600), driver.words(600)
     out_a = driver.run("A-1", a1, 32, session="A", xargs={"tool": "bash"})
@@ -75,15 +80,36 @@ def test_a_pinned_hybrid_prefix_is_hit_after_churn_and_equals_recompute(driver):
     assert covered in ((600 + 32) // BLOCK * BLOCK, ((600 + 32) // BLOCK - 1) * BLOCK)
     window_blocks = covered // BLOCK - (covered - WINDOW + 1) // BLOCK
     assert pin.blocks == covered // BLOCK + n_swa * window_blocks
+    pinned_ids = [block.block_id for block in pin.handle]
+    held = block_contents(driver, pinned_ids)
     _churn(driver)
     assert "A" in sched.pins, sched.metrics.snapshot()["releases"]
     a2 = a1 + list(out_a.outputs[0].token_ids) + driver.words(100)
     b2 = b1 + list(out_b.outputs[0].token_ids) + driver.words(100)
-    got_a = driver.run("A-2", a2, 16, session="A", xargs={"last_turn": 1})
+    # The pinned blocks, bit for bit what turn 1 left in them (before the hit writes more).
+    after = block_contents(driver, pinned_ids)
+    assert [n for n in held if not torch.equal(held[n], after[n])] == []
+    got_a, kv_a = run_capturing_prompt_kv(
+        driver, "A-2", a2, 16, session="A", xargs={"last_turn": 1}
+    )
     got_b = driver.run("B-2", b2, 16, session="B", xargs={"last_turn": 1})
     assert got_b.num_cached_tokens == 0  # the churn evicted the unpinned program
     assert got_a.num_cached_tokens == covered  # every group's pinned blocks were hit
-    ref = driver.run("A-2-ref", a2, 16, salt="full-recompute")
+    ref, kv_ref = run_capturing_prompt_kv(driver, "A-2-ref", a2, 16, salt="full-recompute")
     assert ref.num_cached_tokens == 0
-    assert list(got_a.outputs[0].token_ids) == list(ref.outputs[0].token_ids)
+    mismatches, compared = kv_mismatches(kv_a, kv_ref)
+    full = [
+        g
+        for g, spec in enumerate(groups)
+        if type(spec.kv_cache_spec).__name__ == "FullAttentionSpec"
+    ]
+    for g, ids in enumerate(kv_a.block_ids):
+        # every block turn 2 holds is compared: the full-attention groups' whole prompt,
+        # the window groups' blocks in the window (the pinned ones among them)
+        assert compared[g] == {i for i, b in enumerate(ids) if b is not None}
+        if g in full:
+            assert compared[g] == set(range(len(a2) // BLOCK))
+        else:
+            assert set(ids[: covered // BLOCK]) - {None} <= set(pinned_ids)
+    assert mismatches == []
     assert "A" not in sched.pins
