@@ -8,6 +8,13 @@ with the hook, in one run and on the same trace. Two regimes:
   dominates job time: the regime where a scheduler can matter;
 - ``unsaturated``: tool gaps as drawn; the engine is a small share of job time.
 
+A third engine, ``unbounded``, is stock vLLM with a KV pool large enough that nothing is
+evicted during a replay (:func:`unbounded_blocks`, computed from the trace): the bound any
+retention can reach. Its replays alternate with the two others'; the report checks it is the
+bound (its returning turns' prefix hits, :attr:`BenchResult.returning_hit_share`, are all the
+prefix the previous turn left in full blocks) and gives the hook's distance to it
+(:func:`distance`).
+
 Reports mean and P90 job completion time (JCT), their ratios, the P90 wait of new
 programs' first turns, the prefix-hit share, and the hook's own cost per ``schedule()``
 call with 1,000 pins held (a separate engine with a large pool).
@@ -16,6 +23,7 @@ call with 1,000 pins held (a separate engine with a large pool).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import random
@@ -28,7 +36,15 @@ from typing import Any
 from enginehook.core.rules import SchedulingRules
 from enginehook.vllm.guards import hook_scheduler_cls
 
-__all__ = ["BenchConfig", "BenchProgram", "make_trace", "run_bench"]
+__all__ = [
+    "BenchConfig",
+    "BenchProgram",
+    "distance",
+    "make_trace",
+    "markdown",
+    "run_bench",
+    "unbounded_blocks",
+]
 
 _VOCAB = (9, 2000)  # the tiny tokenizer's plain-word ids
 _SHORT = ("ls -la", "cat setup.py", "git diff", "head -n 50 README.md")
@@ -75,6 +91,8 @@ class BenchConfig:
     repeats: int = 2
     order_window_s: float = SchedulingRules().order_window_s
     model_dir: str = ""
+    #: A third engine: stock vLLM whose pool never evicts (:func:`unbounded_blocks`).
+    unbounded: bool = True
 
 
 def _tool(rng: random.Random) -> tuple[str, float]:
@@ -108,15 +126,67 @@ def make_trace(config: BenchConfig, compress: float) -> list[BenchProgram]:
     return programs
 
 
+def context_blocks(program: BenchProgram, block_size: int) -> int:
+    """KV blocks a replay of ``program`` allocates at most when every returning turn finds
+    its whole prefix: its full context (every turn's input and output) in blocks, and one
+    more per turn for the partial last block, which vLLM does not cache and recomputes.
+
+    >>> turns = [BenchTurn(40, 8, "ls", 0.1), BenchTurn(10, 8, None, 0.0)]
+    >>> context_blocks(BenchProgram("p", 0.0, turns), 32)  # 66 tokens: 3 blocks, + 2 turns
+    5
+    """
+    tokens = sum(t.input_tokens + t.output_tokens for t in program.turns)
+    return math.ceil(tokens / block_size) + len(program.turns)
+
+
+def unbounded_blocks(
+    programs: list[BenchProgram], block_size: int, headroom: float = 0.1, spare: int = 64
+) -> int:
+    """A KV pool (blocks) in which a replay of ``programs`` evicts nothing: every program's
+    :func:`context_blocks` summed (as if all ran at once), ``headroom`` more, and ``spare``
+    blocks on top. vLLM allocates from the head of its free queue and returns freed blocks
+    to its tail; after ``reset_prefix_cache`` no free block holds a prefix, so a replay that
+    allocates fewer blocks than the pool holds never reaches a freed block that does.
+
+    >>> turns = [BenchTurn(40, 8, "ls", 0.1), BenchTurn(10, 8, None, 0.0)]
+    >>> unbounded_blocks([BenchProgram("p", 0.0, turns)] * 10, 32)  # 50 + 5 + 64
+    119
+    """
+    needed = sum(context_blocks(p, block_size) for p in programs)
+    return needed + math.ceil(headroom * needed) + spare
+
+
 @dataclass
 class BenchResult:
-    """Per-program figures of one replay."""
+    """Per-program figures of one replay. ``returning_reachable``: the prefix tokens the
+    returning turns (every turn after a program's first) could find cached, i.e. the previous
+    turn's context in full blocks; ``returning_cached``: the tokens they found."""
 
     jct_s: list[float] = field(default_factory=list)
     first_wait_s: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
     wall_s: float = 0.0
+    returning_reachable: int = 0
+    returning_cached: int = 0
+    #: Replays before which vLLM refused ``reset_prefix_cache`` (blocks still held).
+    resets_refused: int = 0
+
+    @property
+    def returning_hit_share(self) -> float:
+        """The share of their reachable prefix that returning turns found cached (1.0: none
+        of a program's prefix was evicted between its turns)."""
+        return self.returning_cached / max(1, self.returning_reachable)
+
+    def add(self, run: BenchResult, runs: int = 1) -> None:
+        """Merge ``run`` (one of ``runs`` replays) into these figures."""
+        self.jct_s += run.jct_s
+        self.first_wait_s += run.first_wait_s
+        self.prompt_tokens += run.prompt_tokens
+        self.cached_tokens += run.cached_tokens
+        self.returning_reachable += run.returning_reachable
+        self.returning_cached += run.returning_cached
+        self.wall_s += run.wall_s / runs
 
     def summary(self) -> dict[str, float]:
         return {
@@ -124,8 +194,45 @@ class BenchResult:
             "p90_jct_s": p90(self.jct_s),
             "first_turn_wait_p90_s": p90(self.first_wait_s),
             "prefix_hit_share": self.cached_tokens / max(1, self.prompt_tokens),
+            "returning_hit_share": self.returning_hit_share,
+            "resets_refused": self.resets_refused,
             "wall_s": self.wall_s,
         }
+
+
+def reachable_prefix(previous_tokens: int, block_size: int) -> int:
+    """Prefix tokens a returning turn can find cached when the previous turn left
+    ``previous_tokens`` in its context (prompt and output): its full blocks, of the tokens
+    whose KV was computed (all but the last generated token).
+
+    >>> reachable_prefix(66, 32), reachable_prefix(65, 32), reachable_prefix(64, 32)
+    (64, 64, 32)
+    """
+    return block_size * ((previous_tokens - 1) // block_size)
+
+
+def distance(
+    stock: dict[str, float], hook: dict[str, float], bound: dict[str, float]
+) -> dict[str, Any]:
+    """The hook's distance to the never-evicting bound, per figure (mean JCT, first-turn wait
+    P90): ``hook / bound`` and the share of the stock-to-bound gap the hook closes,
+    ``(stock - hook) / (stock - bound)`` (``None`` when stock is already at the bound).
+
+    >>> d = distance({"mean_jct_s": 10.0, "first_turn_wait_p90_s": 2.0},
+    ...              {"mean_jct_s": 7.0, "first_turn_wait_p90_s": 1.0},
+    ...              {"mean_jct_s": 6.0, "first_turn_wait_p90_s": 2.0})
+    >>> round(d["mean_jct_over_bound"], 3), d["mean_jct_gap_closed"]
+    (1.167, 0.75)
+    >>> d["first_turn_wait_p90_gap_closed"] is None
+    True
+    """
+    out: dict[str, Any] = {}
+    for name, key in (("mean_jct", "mean_jct_s"), ("first_turn_wait_p90", "first_turn_wait_p90_s")):
+        s, h, b = stock[key], hook[key], bound[key]
+        out[f"{name}_over_bound"] = h / b if b > 0 else None
+        gap = s - b
+        out[f"{name}_gap_closed"] = (s - h) / gap if abs(gap) > 1e-9 * max(1.0, abs(s)) else None
+    return out
 
 
 def p90(values: list[float]) -> float:
@@ -135,7 +242,11 @@ def p90(values: list[float]) -> float:
 
 
 async def _run_program(
-    engine: Any, program: BenchProgram, rng: random.Random, result: BenchResult
+    engine: Any,
+    program: BenchProgram,
+    rng: random.Random,
+    result: BenchResult,
+    block_size: int = 32,
 ) -> None:
     from vllm import SamplingParams
 
@@ -143,6 +254,7 @@ async def _run_program(
     loop = asyncio.get_running_loop()
     start = loop.time()
     context: list[int] = []
+    previous = 0  # the previous turn's context length, its output included
     for k, turn in enumerate(program.turns):
         context += [rng.randrange(*_VOCAB) for _ in range(turn.input_tokens)]
         last = k == len(program.turns) - 1
@@ -166,19 +278,29 @@ async def _run_program(
             final = out
         if k == 0 and first is not None:
             result.first_wait_s.append(first - submitted)
+        cached = max(0, final.num_cached_tokens or 0)
         result.prompt_tokens += len(context)
-        result.cached_tokens += max(0, final.num_cached_tokens or 0)
+        result.cached_tokens += cached
+        if k > 0:
+            result.returning_reachable += reachable_prefix(previous, block_size)
+            result.returning_cached += cached
         context += list(final.outputs[0].token_ids)
+        previous = len(context)
         if not last:
             await asyncio.sleep(turn.tool_s)
     result.jct_s.append(loop.time() - start)
 
 
-async def _replay(engine: Any, programs: list[BenchProgram], seed: int) -> BenchResult:
+async def _replay(
+    engine: Any, programs: list[BenchProgram], seed: int, block_size: int = 32
+) -> BenchResult:
     result = BenchResult()
     started = time.perf_counter()
     await asyncio.gather(
-        *(_run_program(engine, p, random.Random(f"{seed}-{p.pid}"), result) for p in programs)
+        *(
+            _run_program(engine, p, random.Random(f"{seed}-{p.pid}"), result, block_size)
+            for p in programs
+        )
     )
     result.wall_s = time.perf_counter() - started
     return result
@@ -204,42 +326,53 @@ def _engine_args(
     return args
 
 
-async def _start(config: BenchConfig, model: Path, hook: dict[str, Any] | None) -> Any:
+async def _start(
+    config: BenchConfig, model: Path, hook: dict[str, Any] | None, blocks: int | None = None
+) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**_engine_args(config, model, hook)))
+    kw = {"num_gpu_blocks_override": blocks} if blocks is not None else {}
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**_engine_args(config, model, hook, **kw)))
     # Warm-up: compile and touch every code path once, outside the measurement.
     await _replay(engine, make_trace(BenchConfig(programs=2, seed=99), 0.01), 99)
     return engine
 
 
-async def _run_pair(
+def replay_order(names: list[str], rep: int) -> list[str]:
+    """The engines' order in replay ``rep``: as given on even replays, reversed on odd ones,
+    so that background load on a shared machine hits each alike.
+
+    >>> replay_order(["stock", "cachettl", "unbounded"], 1)
+    ['unbounded', 'cachettl', 'stock']
+    """
+    return list(names) if rep % 2 == 0 else list(reversed(names))
+
+
+async def _run_engines(
     config: BenchConfig, model: Path, hook: dict[str, Any]
 ) -> dict[str, dict[str, BenchResult]]:
-    """Both engines up at once; replays alternate stock/hook so that background load on a
-    shared machine hits both alike."""
-    stock = await _start(config, model, None)
-    ours = await _start(config, model, hook)
-    engines = {"stock": stock, "cachettl": ours}
-    results: dict[str, dict[str, BenchResult]] = {name: {} for name in engines}
+    """All engines up at once (stock, hook and, with ``config.unbounded``, stock with a
+    never-evicting pool); replays alternate between them."""
+    engines = {"stock": await _start(config, model, None)}
     try:
+        engines["cachettl"] = await _start(config, model, hook)
+        if config.unbounded:
+            blocks = unbounded_blocks(make_trace(config, 1.0), config.block_size)
+            engines["unbounded"] = await _start(config, model, None, blocks)
+        results: dict[str, dict[str, BenchResult]] = {name: {} for name in engines}
         for regime, compress in config.regimes.items():
             trace = make_trace(config, compress)
             for rep in range(config.repeats):
-                order = ["stock", "cachettl"] if rep % 2 == 0 else ["cachettl", "stock"]
-                for name in order:
-                    await engines[name].reset_prefix_cache()
-                    run = await _replay(engines[name], trace, config.seed)
+                for name in replay_order(list(engines), rep):
+                    reset = await engines[name].reset_prefix_cache()
+                    run = await _replay(engines[name], trace, config.seed, config.block_size)
                     merged = results[name].setdefault(regime, BenchResult())
-                    merged.jct_s += run.jct_s
-                    merged.first_wait_s += run.first_wait_s
-                    merged.prompt_tokens += run.prompt_tokens
-                    merged.cached_tokens += run.cached_tokens
-                    merged.wall_s += run.wall_s / config.repeats
+                    merged.add(run, config.repeats)
+                    merged.resets_refused += 0 if reset else 1
     finally:
-        stock.shutdown()
-        ours.shutdown()
+        for engine in engines.values():
+            engine.shutdown()
     return results
 
 
@@ -311,7 +444,8 @@ def hook_settings(config: BenchConfig) -> dict[str, Any]:
 
 
 def run_bench(config: BenchConfig) -> dict[str, Any]:
-    """Run everything; returns the report (``stock``/``cachettl`` use the saturated regime)."""
+    """Run everything; returns the report (``stock``/``cachettl``/``unbounded`` use the
+    saturated regime)."""
     from enginehook.tools.tinymodel import build_tiny_llama
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -319,8 +453,19 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # keep stdout for the report
     model_dir = config.model_dir or str(Path.home() / ".cache" / "cachettl" / "tiny-llama")
     model = build_tiny_llama(model_dir)
-    both = asyncio.run(_run_pair(config, model, hook_settings(config)))
-    stock, ours = both["stock"], both["cachettl"]
+    results = asyncio.run(_run_engines(config, model, hook_settings(config)))
+    report = compare(config, {name: dict(by_regime) for name, by_regime in results.items()})
+    if config.overhead_pins:
+        report["overhead"] = hook_overhead(config, model)
+    return report
+
+
+def compare(config: BenchConfig, results: dict[str, dict[str, BenchResult]]) -> dict[str, Any]:
+    """The report of the engines' figures by regime: ``stock`` and ``cachettl`` (and
+    ``unbounded`` when it ran), the hook/stock ratios and the hook's :func:`distance` to the
+    unbounded pool."""
+    stock, ours = results["stock"], results["cachettl"]
+    bound = results.get("unbounded")
     regimes: dict[str, Any] = {}
     for regime in config.regimes:
         s, c = stock[regime].summary(), ours[regime].summary()
@@ -332,10 +477,15 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
             "first_turn_wait_p90_ratio": c["first_turn_wait_p90_s"]
             / max(1e-9, s["first_turn_wait_p90_s"]),
         }
+        if bound is not None:
+            u = bound[regime].summary()
+            regimes[regime]["unbounded"] = u
+            regimes[regime]["distance"] = distance(s, c, u)
     head = regimes[next(iter(config.regimes))]
+    headline = ("mean_jct_s", "p90_jct_s", "first_turn_wait_p90_s")
     report: dict[str, Any] = {
-        "stock": {k: head["stock"][k] for k in ("mean_jct_s", "p90_jct_s")},
-        "cachettl": {k: head["cachettl"][k] for k in ("mean_jct_s", "p90_jct_s")},
+        "stock": {k: head["stock"][k] for k in headline},
+        "cachettl": {k: head["cachettl"][k] for k in headline},
         "mean_jct_ratio": head["mean_jct_ratio"],
         "regimes": regimes,
         "config": {
@@ -351,6 +501,85 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
             "cpu_count": os.cpu_count(),
         },
     }
-    if config.overhead_pins:
-        report["overhead"] = hook_overhead(config, model)
+    if bound is not None:
+        report["unbounded"] = {k: head["unbounded"][k] for k in headline}
+        report["distance"] = head["distance"]
+        report["config"]["unbounded_blocks"] = unbounded_blocks(
+            make_trace(config, 1.0), config.block_size
+        )
     return report
+
+
+def markdown(report: dict[str, Any], command: str = "cachettl bench vllm") -> str:
+    """The report as Markdown: one row per regime and engine, the hook/stock ratios and the
+    hook's distance to the never-evicting pool."""
+    cfg = report["config"]
+    lines = [
+        f"Command: `{command}`; vLLM CPU engine, tiny Llama; {cfg['programs']} programs, "
+        f"{cfg['blocks']} blocks of {cfg['block_size']} (unbounded: "
+        f"{cfg.get('unbounded_blocks', '-')}), max {cfg['max_num_seqs']} seqs; hook policy "
+        f"`{cfg['policy']}` `{json.dumps(cfg['policy_params'])}`, order window "
+        f"{cfg['order_window_s']} s; {cfg['repeats']} alternating replays per regime and "
+        f"engine; {cfg['cpu_count']} CPUs.",
+        "",
+        "| regime | engine | mean JCT (s) | P90 JCT (s) | first-turn wait P90 (s) | prefix hits "
+        "| returning turns' prefix found |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for regime, r in report["regimes"].items():
+        for name in ("stock", "cachettl", "unbounded"):
+            if name in r:
+                s = r[name]
+                lines.append(
+                    f"| {regime} | {name} | {s['mean_jct_s']:.2f} | {s['p90_jct_s']:.2f} | "
+                    f"{s['first_turn_wait_p90_s']:.3f} | {s['prefix_hit_share']:.1%} | "
+                    f"{s.get('returning_hit_share', float('nan')):.1%} |"
+                )
+    lines += [
+        "",
+        "| regime | mean JCT hook/stock | P90 JCT hook/stock | first-turn wait P90 hook/stock "
+        "| mean JCT hook/unbounded | gap closed (mean JCT) | first-turn wait P90 "
+        "hook/unbounded | gap closed (wait P90) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for regime, r in report["regimes"].items():
+        d = r.get("distance", {})
+        lines.append(
+            f"| {regime} | {r['mean_jct_ratio']:.2f} | {r['p90_jct_ratio']:.2f} | "
+            f"{r['first_turn_wait_p90_ratio']:.2f} | {_fmt(d.get('mean_jct_over_bound'))} | "
+            f"{_fmt(d.get('mean_jct_gap_closed'), '.0%')} | "
+            f"{_fmt(d.get('first_turn_wait_p90_over_bound'))} | "
+            f"{_fmt(d.get('first_turn_wait_p90_gap_closed'), '.0%')} |"
+        )
+    if "distance" in report:
+        lines += [
+            "",
+            "`unbounded`: stock vLLM with a KV pool no replay fills (every program's full context "
+            "in blocks, summed, +10 % and 64 blocks), the bound any retention can reach; "
+            '"returning turns\' prefix found" is the share of the prefix the previous turn left '
+            "in full blocks that returning turns found cached (100 %: nothing was evicted). Gap "
+            "closed: (stock - hook) / (stock - unbounded).",
+        ]
+    if "overhead" in report:
+        o = report["overhead"]
+        lines += [
+            "",
+            f"Hook cost per `schedule()`: {o['hook_us_per_schedule']:.1f} µs with "
+            f"{o['pins_held']:.0f} pins held ({o['schedule_calls']:.0f} calls; vLLM's own "
+            f"`schedule()`: {o['vllm_us_per_schedule']:.1f} µs).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def write(report: dict[str, Any], out: str, command: str) -> list[Path]:
+    """``OUT.json`` and ``OUT.md``; the paths written."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = [path.with_name(path.name + ".json"), path.with_name(path.name + ".md")]
+    written[0].write_text(json.dumps({"command": command, **report}, indent=2) + "\n")
+    written[1].write_text(markdown(report, command))
+    return written

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
+import sys
 from typing import Any
 
 from enginehook.core.rules import SchedulingRules
@@ -42,6 +45,19 @@ def register(
         type=float,
         default=SchedulingRules().order_window_s,
         help="hook's order_window_s (0: the paper's unbounded program order)",
+    )
+    p.add_argument(
+        "--no-unbounded",
+        dest="unbounded",
+        action="store_false",
+        help="skip the third engine (stock vLLM with a KV pool that never evicts: the bound "
+        "any retention can reach)",
+    )
+    p.add_argument(
+        "--out",
+        default="",
+        metavar="OUT",
+        help="also write OUT.json and OUT.md (with the provenance stamp of scripts/results)",
     )
     p.set_defaults(handler=_bench_vllm)
     _register_bench_agent(bench)
@@ -137,8 +153,18 @@ def _bench_vllm(args: argparse.Namespace) -> int:
         overhead_pins=args.overhead_pins,
         repeats=args.repeats,
         order_window_s=args.order_window,
+        unbounded=args.unbounded,
     )
+    started = [round(x, 2) for x in os.getloadavg()]
     report = run_bench(config)
+    if args.out:
+        from enginehook.tools.bench import write
+        from simulator.studies import provenance
+
+        command = "cachettl bench vllm " + shlex.join(sys.argv[3:])
+        made = provenance.current(command.strip(), started)
+        for path in write(report, args.out, command.strip()):
+            provenance.stamp(path, made)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -154,21 +180,37 @@ def _print(report: dict[str, Any]) -> None:
         f"{cfg['policy_params']}, order window {cfg['order_window_s']} s, "
         f"{cfg['repeats']} alternating replays per regime, {cfg['cpu_count']} CPUs"
     )
+    if "unbounded_blocks" in cfg:
+        print(
+            f"unbounded: stock vLLM with {cfg['unbounded_blocks']} blocks (no replay evicts); "
+            "'returning' is the share of their reachable prefix returning turns found cached"
+        )
     print(
         f"{'regime':<12} {'':<9} {'mean JCT':>9} {'P90 JCT':>9} {'1st wait P90':>13} "
-        f"{'hit share':>10}"
+        f"{'hit share':>10} {'returning':>10}"
     )
     for regime, r in report["regimes"].items():
-        for name in ("stock", "cachettl"):
+        for name in ("stock", "cachettl", "unbounded"):
+            if name not in r:
+                continue
             s = r[name]
             print(
                 f"{regime:<12} {name:<9} {s['mean_jct_s']:>8.2f}s {s['p90_jct_s']:>8.2f}s "
-                f"{s['first_turn_wait_p90_s']:>12.3f}s {s['prefix_hit_share']:>10.1%}"
+                f"{s['first_turn_wait_p90_s']:>12.3f}s {s['prefix_hit_share']:>10.1%} "
+                f"{s['returning_hit_share']:>10.1%}"
             )
         print(
             f"{regime:<12} {'ratio':<9} {r['mean_jct_ratio']:>8.2f}x {r['p90_jct_ratio']:>8.2f}x "
             f"{r['first_turn_wait_p90_ratio']:>12.2f}x"
         )
+        if "distance" in r:
+            d = r["distance"]
+            print(
+                f"{regime:<12} hook vs unbounded pool: mean JCT {_x(d['mean_jct_over_bound'])}, "
+                f"closes {_pct(d['mean_jct_gap_closed'])} of stock's gap; first-turn wait P90 "
+                f"{_x(d['first_turn_wait_p90_over_bound'])}, closes "
+                f"{_pct(d['first_turn_wait_p90_gap_closed'])}"
+            )
     if "overhead" in report:
         o = report["overhead"]
         print(
@@ -176,6 +218,14 @@ def _print(report: dict[str, Any]) -> None:
             f"{o['pins_held']:.0f} pins held ({o['schedule_calls']:.0f} calls; vLLM's own "
             f"schedule(): {o['vllm_us_per_schedule']:.1f} µs)"
         )
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _register_bench_agent(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
