@@ -316,8 +316,9 @@ def _plot(path: Any, summary: dict[str, Any]) -> None:
     loads = sorted(summary["loads"], key=float)
     fig, ax = plt.subplots(figsize=(8, 5))
     retention = summary["ours"].rpartition("+")[2]
-    for pair in summary["loads"][loads[0]]["means"]:  # one line per router: our retention
-        if not pair.endswith("+" + retention) and pair != "round_robin+vllm":
+    pairs = summary["loads"][loads[0]]["means"]
+    for pair in pairs:  # one line per router with our retention, or every pair if few
+        if len(pairs) > 6 and not pair.endswith("+" + retention) and pair != "round_robin+vllm":
             continue
         ys = [summary["loads"][x]["means"][pair]["mean_jct_s"] for x in loads]
         style = "-" if pair == summary["ours"] else ":"
@@ -325,8 +326,13 @@ def _plot(path: Any, summary: dict[str, Any]) -> None:
     ax.set_xlabel("load (multiple of round_robin + vllm's slowdown-3 rate)")
     ax.set_ylabel("mean JCT (s)")
     ax.set_title(
-        f"{summary['workload']}, {summary['engines']} engines + 1 joining; each router with "
-        f"{retention} (and round_robin + vllm)"
+        f"{summary['workload']}, {summary['engines']} engines + 1 joining"
+        + (
+            f"; each router with {retention} (and round_robin + vllm)"
+            if len(pairs) > 6
+            else ", every pair"
+        )
+        + (f"; KV pool {summary['kv_tokens']} tokens" if summary.get("kv_tokens") else "")
     )
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -369,7 +375,10 @@ def _cluster(args: argparse.Namespace) -> int:
     if args.scale:
         return _scale(args)
     if args.report:
-        _write(args.out, json.loads(Path(args.report).read_text()))
+        written = json.loads(Path(args.report).read_text())
+        _write(args.out, written)
+        if isinstance(written.get("provenance"), dict):  # the figures' own record
+            provenance.stamp(output_path(args.out, ".md"), written["provenance"])
         return 0
     seeds = parse_seeds(args.seeds)
     if args.engines < 1 or args.programs < 2:
