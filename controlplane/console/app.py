@@ -119,7 +119,7 @@ class _Console:
             try:
                 _, _, data = await built(request)
             except DeniedError as denied:
-                return JSONResponse({"error": denied.message}, denied.status)
+                return _retry(JSONResponse({"error": denied.message}, denied.status), denied)
             return JSONResponse(data)
 
         return [Route(path, html), Route("/api" + path, api)]
@@ -127,7 +127,7 @@ class _Console:
     def denied_page(self, request: Request, denied: DeniedError) -> Response:
         if denied.status == 401:
             return self.login_page(request, denied.message, 401)
-        return self.error(request, denied.status, denied.message)
+        return _retry(self.error(request, denied.status, denied.message), denied)
 
     def error(self, request: Request, status: int, message: str) -> Response:
         return self.page(request, "error.html", status, message=message, viewer=None)
@@ -149,10 +149,11 @@ class _Console:
         ):
             message = "the login form expired or came from another site; log in again"
             return self.error(request, 403, message)
+        source = request.client.host if request.client else ""
         try:
-            sid = await self.sessions.login(token if isinstance(token, str) else "")
+            sid = await self.sessions.login(token if isinstance(token, str) else "", source)
         except DeniedError as denied:
-            return self.login_page(request, denied.message, denied.status)
+            return _retry(self.login_page(request, denied.message, denied.status), denied)
         response = RedirectResponse("/", 303)
         _cookie(request, response, COOKIE, sid)
         _cookie(request, response, LOGIN_COOKIE, "", path="/login", max_age=0)
@@ -198,6 +199,13 @@ def make_app(src: views.Sources, sessions: Sessions) -> Starlette:
     app = Starlette(routes=routes, exception_handlers={404: console.not_found})
     app.add_middleware(SecurityHeaders)
     return app
+
+
+def _retry(response: Response, denied: DeniedError) -> Response:
+    """``response`` with ``Retry-After`` when ``denied`` says when to try again."""
+    if denied.retry_after is not None:
+        response.headers["retry-after"] = str(denied.retry_after)
+    return response
 
 
 def _cookie(

@@ -2,7 +2,10 @@
 
 ``Console(server, options)`` reads the server's ``ControlPlane`` and servicer (the token
 cache, snapshots sent, the pin-coherence hub); ``start()`` binds uvicorn on the same event
-loop and starts sampling η and T; ``stop()`` ends both. uvicorn's own signal handling is
+loop and starts sampling η and T; ``stop()`` ends both. The console's door is bounded
+(:mod:`controlplane.console.doors`: connections in all and per source address, header and
+idle timeouts; a connection whose request carries a live session cookie is never shed) and
+its ``accept()`` failures are logged once a minute with their count. uvicorn's own signal handling is
 off: the control plane's ``serve`` owns SIGTERM and SIGINT and stops the console with it.
 """
 
@@ -13,13 +16,15 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Generator
-from dataclasses import dataclass
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
 
 import uvicorn
 
 from controlplane.console.app import HERE, make_app
-from controlplane.console.sessions import Sessions
+from controlplane.console.doors import AcceptErrors, Door, DoorLimits, DoorProtocol, door_limits
+from controlplane.console.sessions import COOKIE, SessionLimits, Sessions
 from controlplane.console.views import Sources
 from controlplane.console.watch import History
 from controlplane.rpc.server import ControlPlaneServer, ServerOptions, until_signalled
@@ -33,19 +38,51 @@ VENDOR = HERE / "static" / "vendor"
 
 @dataclass(frozen=True)
 class ConsoleOptions:
-    """Where the console listens, its admin token (None: no admin), and how often η and
-    T are sampled and how many samples each tenant keeps."""
+    """Where the console listens, its admin token (None: no admin), how often η and
+    T are sampled and how many samples each tenant keeps, its door's bounds (``None``:
+    derived from the descriptor limit, :func:`console_door`) and its sessions' bounds and
+    login rates."""
 
     listen: str = "127.0.0.1:8080"
     admin_token: str | None = None
     history_interval_s: float = 5.0
     history_keep: int = 720
+    door: DoorLimits | None = None
+    sessions: SessionLimits = field(default_factory=SessionLimits)
 
     def host_port(self) -> tuple[str, int]:
         host, sep, port = self.listen.rpartition(":")
         if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"--console: expected HOST:PORT, got {self.listen!r}")
         return host.strip("[]") or "127.0.0.1", int(port)
+
+
+#: The console's connections at most, whatever the descriptor limit (it takes 1/8 of it:
+#: the gRPC server shares the process), and per source address 1/8 of that.
+CONSOLE_MAX_CONNECTIONS = 1024
+
+
+def console_door(**overrides: Any) -> DoorLimits:
+    """The console's door: 1/8 of ``RLIMIT_NOFILE`` up to :data:`CONSOLE_MAX_CONNECTIONS`
+    (1024 at the usual 20,000), 1/8 of that per source (128), a request's headers within
+    10 s, keep-alive connections closed after 5 s idle; ``overrides`` win."""
+    return door_limits(CONSOLE_MAX_CONNECTIONS, **overrides)
+
+
+def _trusts(sessions: Sessions) -> Callable[[Any], bool]:
+    """Whether a request's scope carries the cookie of a session held now."""
+    name = COOKIE.encode() + b"="
+
+    def trusts(scope: Any) -> bool:
+        for key, value in scope.get("headers", ()):
+            if key == b"cookie" and name in value:
+                for part in value.split(b";"):
+                    k, _, v = part.strip().partition(b"=")
+                    if k == name[:-1] and sessions.known(v.decode("latin-1").strip('"')):
+                        return True
+        return False
+
+    return trusts
 
 
 def _family(host: str) -> socket.AddressFamily:
@@ -80,14 +117,20 @@ class Console:
         servicer = self.server.servicer  # built by start(): the one the RPCs use
         src = Sources(self.server.plane, servicer, History(self.options.history_keep))
         self.sources = src
-        sessions = Sessions(servicer.tenants, self.options.admin_token)
+        sessions = Sessions(servicer.tenants, self.options.admin_token, self.options.sessions)
+        self.sessions = sessions
         host, port = self.options.host_port()
         tls = self.server.options.tls
         self.app = make_app(src, sessions)
+        limits = self.options.door or console_door()
+        self.door = Door(limits, _trusts(sessions))
+        protocol = type("ConsoleProtocol", (DoorProtocol,), {"door": self.door})
         config = uvicorn.Config(
             self.app,
             host=host,
             port=port,
+            http=protocol,
+            timeout_keep_alive=max(1, round(limits.idle_timeout_s)),
             log_config=None,
             lifespan="off",
             ssl_certfile=str(tls.cert) if tls else None,
@@ -99,6 +142,8 @@ class Console:
         except OSError as error:
             raise ValueError(f"--console: cannot bind {self.options.listen!r}: {error}") from None
         self.port = sock.getsockname()[1]
+        self.accept_errors = AcceptErrors(log, "console", limits.log_interval_s)
+        self.accept_errors.install(asyncio.get_running_loop())
         self._uvicorn = _Server(config)
         self._tasks = [
             asyncio.create_task(self._uvicorn.serve(sockets=[sock])),
@@ -139,6 +184,8 @@ class Console:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if getattr(self, "accept_errors", None) is not None:
+            self.accept_errors.uninstall()
 
 
 async def serve_with_console(

@@ -16,7 +16,10 @@ contract, engine-independent:
   within the rules' cap), ``expired`` when it held none by then (its pin had expired, been
   hit or released), ``failed`` when applying raised.
 - :meth:`PinCommands.get` returns a command by id while it is among the newest
-  :data:`HISTORY` (a router polls it). Ids are random (122 bits of a UUID 4), never
+  :data:`HISTORY` and the history holds at most :data:`HISTORY_MAX_BYTES` (a router polls
+  it). Every client string a command keeps or answers (its action, session id, detail) is
+  clipped to :data:`CLIENT_STRING_CHARS` characters with a marker (:func:`clip`), so a
+  60,000-character id costs no more than a 256-character one. Ids are random (122 bits of a UUID 4), never
   sequential: one id tells nothing of another command's, so no one reads another
   router's sessions by counting, and ids never collide across engines. Both it and
   ``submit`` return a JSON-ready copy taken under the lock (the HTTP threads never see a
@@ -40,6 +43,7 @@ step, and an engine with nothing queued pays one truthiness test.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import uuid
 from collections import OrderedDict, deque
@@ -52,23 +56,45 @@ from enginehook.core.lifecycle import PinController
 __all__ = [
     "ACTIONS",
     "BUSY",
+    "CLIENT_STRING_CHARS",
     "HISTORY",
+    "HISTORY_MAX_BYTES",
     "MAX_PENDING",
     "MAX_SESSION_CHARS",
     "PinCommand",
     "PinCommands",
+    "clip",
 ]
 
 #: What a router may ask of a session's pin.
 ACTIONS = ("drop", "extend")
 #: Commands queued for the scheduler at most (more are rejected, not queued).
 MAX_PENDING = 1024
-#: Settled or queued commands kept for :meth:`PinCommands.get`.
+#: Settled or queued commands kept for :meth:`PinCommands.get`, at most, and the memory
+#: they may hold (estimated per command: its object, id and times, plus its strings; the
+#: oldest are dropped first past either bound).
 HISTORY = 4096
+HISTORY_MAX_BYTES = 4 * 1024 * 1024
+#: The longest client string (action, session id, error detail) a command keeps or
+#: answers; longer ones are cut there and marked ``…[+N chars]``.
+CLIENT_STRING_CHARS = 256
+#: What one kept command costs besides its strings (object, id, times, history entry).
+_COMMAND_BYTES = 320
 #: The ``detail`` of a command rejected because :data:`MAX_PENDING` already wait.
 BUSY = f"{MAX_PENDING} commands pending"
 #: The longest session id taken (as the session middleware's).
 MAX_SESSION_CHARS = 256
+
+
+def clip(text: str, limit: int = CLIENT_STRING_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, marked with how many were cut.
+
+    >>> clip("x" * 300)[-16:]
+    'xxxx…[+44 chars]'
+    """
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[+{len(text) - limit} chars]"
 
 
 @dataclass(slots=True)
@@ -87,6 +113,11 @@ class PinCommand:
     settled_at: float | None = None
     expires_at: float | None = None
     blocks: int | None = None
+
+    def cost(self) -> int:
+        """Estimated bytes this command holds in the history."""
+        strings = (self.action, self.session, self.detail)
+        return _COMMAND_BYTES + sum(sys.getsizeof(s) for s in strings)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -119,6 +150,7 @@ class PinCommands:
         self._lock = threading.Lock()
         self._queue: deque[PinCommand] = deque()
         self._history: OrderedDict[str, PinCommand] = OrderedDict()
+        self._history_bytes = 0
 
     def __bool__(self) -> bool:
         return bool(self._queue)
@@ -128,8 +160,8 @@ class PinCommands:
     ) -> dict[str, Any]:
         """Take one command (any thread); its ``state`` is the immediate answer."""
         with self._lock:
-            command = PinCommand(f"c{uuid.uuid4().hex}", action, session, ttl_s, now)
-            state, detail = self._check(command)
+            state, detail = self._check(action, session, ttl_s)
+            command = PinCommand(f"c{uuid.uuid4().hex}", clip(action), clip(session), ttl_s, now)
             command.state, command.detail = state, detail
             if state != "accepted":
                 command.settled_at = now
@@ -139,27 +171,34 @@ class PinCommands:
             else:
                 self._queue.append(command)
             self._history[command.command_id] = command
-            while len(self._history) > HISTORY:
-                self._history.popitem(last=False)
+            self._history_bytes += command.cost()
+            self._trim()
             answer = command.to_json()
         if command.state == "accepted" and self.on_submit is not None:
             self.on_submit()
         return answer
 
-    def _check(self, command: PinCommand) -> tuple[str, str]:
-        if command.action not in ACTIONS:
+    def _trim(self) -> None:
+        """Drop the oldest commands past :data:`HISTORY` or :data:`HISTORY_MAX_BYTES`
+        (under the lock)."""
+        while len(self._history) > HISTORY or (
+            self._history_bytes > HISTORY_MAX_BYTES and len(self._history) > 1
+        ):
+            _, old = self._history.popitem(last=False)
+            self._history_bytes -= old.cost()
+
+    def _check(self, action: str, session: str, ttl: float | None) -> tuple[str, str]:
+        if action not in ACTIONS:
             valid = ", ".join(ACTIONS)
-            return "unsupported", f"action {command.action!r} is not one of {valid}"
+            return "unsupported", f"action {clip(action)!r} is not one of {valid}"
         if not self.supported:
             return "unsupported", "this engine does not pin (CacheTTL off or passing through)"
-        session = command.session
         if not session or len(session) > MAX_SESSION_CHARS or not session.isprintable():
             return "rejected", f"session id must be 1-{MAX_SESSION_CHARS} printable characters"
-        if command.action == "extend":
-            ttl = command.ttl_s
+        if action == "extend":
             if ttl is None or not (isinstance(ttl, float) and math.isfinite(ttl) and ttl > 0):
                 return "rejected", f"ttl_seconds must be a finite number > 0, got {ttl!r}"
-        elif command.ttl_s is not None:
+        elif ttl is not None:
             return "rejected", "drop takes no ttl_seconds"
         return "accepted", ""
 
@@ -186,7 +225,7 @@ class PinCommands:
                     assert command.ttl_s is not None
                     pin = controller.extend(command.session, command.ttl_s, now)
             except Exception as exc:  # settled as failed; the scheduler carries on
-                state, detail = "failed", f"{type(exc).__name__}: {exc}"
+                state, detail = "failed", clip(f"{type(exc).__name__}: {exc}")
             else:
                 if pin is None:
                     state, detail = (
@@ -197,5 +236,11 @@ class PinCommands:
                     state, detail, blocks = "applied", "", pin.blocks
                     expires_at = pin.expires_at if command.action == "extend" else None
             with self._lock:
+                kept = self._history.get(command.command_id) is command
+                if kept:
+                    self._history_bytes -= command.cost()
                 command.state, command.detail, command.settled_at = state, detail, now
                 command.blocks, command.expires_at = blocks, expires_at
+                if kept:
+                    self._history_bytes += command.cost()
+                    self._trim()
