@@ -33,12 +33,12 @@ __all__ = [
 #: Largest relative L2 error, ``‖got − ref‖ / ‖ref‖``, allowed between one head's keys (or
 #: values) of one block of a prefix hit and of a recompute of the same tokens, in any
 #: layer. The two paths round differently: turn 1 decoded the tokens at the end of the
-#: pinned prefix one at a time, the recompute prefills them with the rest. 0.05 is what every
-#: element off by 6 units in the last place of bfloat16 (ε = 2⁻⁷) would give; the largest
-#: error measured on an AVX-512 BF16 CPU is 9e-4 (bfloat16; 0 in layer 0). What a pin must
-#: never hold — another sequence's KV, zeros, a block written for other positions — is off
-#: by 1 or more (zeros exactly 1, unrelated KV of the same scale about √2): twenty times the
-#: tolerance, in any dtype.
+#: pinned prefix one at a time, the recompute prefills them with the rest. 0.05 is at least
+#: what every element off by 6 units in the last place of bfloat16 (ε = 2⁻⁷) gives; the
+#: largest error measured on an AVX-512 BF16 CPU is 9e-4 (bfloat16; 0 in layer 0). What a
+#: pin must never hold — another sequence's KV, zeros — is off by about 1 or more (zeros
+#: exactly 1, unrelated KV of the same scale about √2): twenty times the tolerance, in any
+#: dtype (``test_the_kv_checks_report_a_pinned_block_overwritten``).
 KV_TOLERANCE = 0.05
 
 
