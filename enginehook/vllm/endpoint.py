@@ -2,12 +2,31 @@
 :class:`~enginehook.vllm.metrics.HookMetrics`) and a router's or operator's pin commands
 (:mod:`enginehook.vllm.pin_commands`) under :data:`PINS_PATH`, behind :class:`EndpointAccess`
 (who may send a command: the pin-command token, loopback, TLS). :func:`serve_metrics` starts
-it as uvicorn on one event-loop thread with a bound on connections and a deadline per
-request (:class:`EndpointServer`)."""
+it as uvicorn on one event-loop thread (:class:`EndpointServer`) behind a bounded door.
+
+The door (a copy of ``controlplane.console.doors``: the hook may not import the control
+plane's console) bounds what a peer without the token may hold: at most
+``max_connections`` connections and ``max_per_source`` per client address (from
+``RLIMIT_NOFILE``: 1/8 of it up to :data:`METRICS_MAX_CONNECTIONS`, half of that per
+source; environment overrides in :func:`endpoint_limits`), each request whole within its
+deadline of the connection or the previous answer. When a cap is reached a new connection
+*sheds the oldest connection that presented no pin-command token and is not being
+answered* (an idle or slow one) rather than being refused: a connection that sent the
+token is never shed, and a well-behaved client's new connection always gets in, however
+many slow clients reconnect; only when every slot is trusted or busy answering is the new
+one closed at once. (Reserving slots for token holders was the other choice; it would leave
+untokened ``/metrics`` scrapers to the slow clients, and a router's first request on a new
+connection has not yet shown its token when the connection is accepted.)
+``accept()`` failures are logged once a minute with their count, never a traceback each."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import hmac
+import logging
+import os
+import resource
 import socket
 import threading
 import time
@@ -25,24 +44,32 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from controlplane.kvhints import loads_bounded
 from enginehook.core.tokens import is_loopback_host
 from enginehook.vllm.metrics import HookMetrics
-from enginehook.vllm.pin_commands import BUSY, PinCommands
+from enginehook.vllm.pin_commands import BUSY, PinCommands, clip
 
 __all__ = [
+    "ENV_PREFIX",
     "METRICS_MAX_CONNECTIONS",
     "METRICS_THREADS",
     "METRICS_TIMEOUT_S",
     "PINS_PATH",
+    "DoorLimits",
     "EndpointAccess",
     "EndpointServer",
+    "endpoint_limits",
     "serve_metrics",
 ]
 
+log = logging.getLogger(__name__)
 
-#: Connections the endpoint holds at most (a connection past that is closed at once and
-#: counted in the server's ``refused``), and how long one request may take, from the
-#: connection (or the previous answer on it) to its answer: a client that sends slowly is
-#: cut off then, and never holds up another.
+
+#: Connections the endpoint holds at most, whatever the descriptor limit (see the module's
+#: documentation for what happens past it), and how long a request may take to arrive,
+#: from the connection (or the previous answer on it): a client that sends slowly is cut
+#: off then, and never holds up another.
 METRICS_MAX_CONNECTIONS = 256
+#: Environment variables that override the door's bounds: ``{ENV_PREFIX}MAX_CONNECTIONS``,
+#: ``…MAX_CONNECTIONS_PER_SOURCE``, ``…HEADER_TIMEOUT_S``, ``…IDLE_TIMEOUT_S``.
+ENV_PREFIX = "CACHETTL_ENDPOINT_"
 METRICS_TIMEOUT_S = 5.0
 #: Kept for callers of the earlier thread-pooled server: the endpoint now runs on one
 #: event-loop thread.
@@ -95,20 +122,70 @@ class EndpointAccess:
             return None
         return "this hook has no pin_command_token: pin commands only from loopback"
 
+    def trusts(self, scope: Any) -> bool:
+        """Whether a request (its ASGI scope) carries the pin-command token: its
+        connection is then never shed to let another in."""
+        if not self.token:
+            return False
+        expected = f"Bearer {self.token}".encode()
+        return any(
+            k == b"authorization" and hmac.compare_digest(v, expected)
+            for k, v in scope.get("headers", ())
+        )
+
+
+def endpoint_limits(
+    timeout_s: float = METRICS_TIMEOUT_S, nofile: int | None = None, env: Any = None
+) -> DoorLimits:
+    """The endpoint's door: 1/8 of ``RLIMIT_NOFILE`` (``nofile``) up to
+    :data:`METRICS_MAX_CONNECTIONS`, half of that per source address, ``timeout_s`` for a
+    request to arrive and for a keep-alive connection to sit idle; the environment
+    (``env``, default ``os.environ``) overrides each (:data:`ENV_PREFIX`)."""
+    env = os.environ if env is None else env
+
+    def read(name: str, kind: type) -> Any:
+        raw = env.get(ENV_PREFIX + name)
+        if raw in (None, ""):
+            return None
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ValueError(f"{ENV_PREFIX}{name}: expected a number, got {raw[:40]!r}") from None
+        if not value > 0:
+            raise ValueError(f"{ENV_PREFIX}{name}: must be > 0, got {raw[:40]!r}")
+        return value
+
+    limit = _nofile_limit() if nofile is None else nofile
+    cap = read("MAX_CONNECTIONS", int) or max(16, min(METRICS_MAX_CONNECTIONS, limit // 8))
+    per_source = read("MAX_CONNECTIONS_PER_SOURCE", int) or max(4, cap // 2)
+    return DoorLimits(
+        max_connections=cap,
+        max_per_source=per_source,
+        header_timeout_s=read("HEADER_TIMEOUT_S", float) or timeout_s,
+        idle_timeout_s=read("IDLE_TIMEOUT_S", float) or timeout_s,
+    )
+
 
 class EndpointServer:
     """The endpoint's HTTP server (uvicorn on its own event-loop thread): ``port``,
-    ``refused`` (connections closed at once past :data:`METRICS_MAX_CONNECTIONS`),
-    ``timed_out`` (connections cut off at :data:`METRICS_TIMEOUT_S`), ``shutdown()`` and
+    ``door`` (its connections), ``refused`` (connections closed at once: every slot
+    trusted or busy), ``shed`` (connections closed to let a newer one in), ``timed_out``
+    (connections cut off at their deadline), ``accept_errors``, ``shutdown()`` and
     ``server_close()``."""
 
-    def __init__(self, app: Any, sock: socket.socket, access: EndpointAccess, timeout_s: float):
+    def __init__(
+        self,
+        app: Any,
+        sock: socket.socket,
+        access: EndpointAccess,
+        timeout_s: float,
+        limits: DoorLimits | None = None,
+    ):
         self.port = int(sock.getsockname()[1])
-        self.refused = 0
-        self.timed_out = 0
-        protocol = type(
-            "EndpointProtocol", (_DeadlineProtocol,), {"endpoint": self, "deadline_s": timeout_s}
-        )
+        self.limits = limits or endpoint_limits(timeout_s)
+        self.door = Door(self.limits, access.trusts)
+        self.accept_errors = AcceptErrors(log, "hook endpoint", self.limits.log_interval_s)
+        protocol = type("EndpointProtocol", (DoorProtocol,), {"door": self.door})
         config = uvicorn.Config(
             app,
             http=protocol,
@@ -116,7 +193,7 @@ class EndpointServer:
             access_log=False,
             log_config=None,
             log_level="warning",
-            timeout_keep_alive=int(max(1, timeout_s)),
+            timeout_keep_alive=int(max(1, self.limits.idle_timeout_s)),
             timeout_graceful_shutdown=1,
             ssl_certfile=access.cert_file or None,
             ssl_keyfile=access.key_file or None,
@@ -126,13 +203,31 @@ class EndpointServer:
             config.load()  # reads the certificate and key now: bad files fail at start
         self._server = uvicorn.Server(config)
         self._sock = sock
-        self._thread = threading.Thread(
-            target=self._server.run,
-            kwargs={"sockets": [sock]},
-            name="cachettl-metrics",
-            daemon=True,
-        )
+        self._thread = threading.Thread(target=self._run, name="cachettl-metrics", daemon=True)
         self._thread.start()
+
+    @property
+    def refused(self) -> int:
+        return self.door.refused
+
+    @property
+    def shed(self) -> int:
+        return self.door.shed
+
+    @property
+    def timed_out(self) -> int:
+        return self.door.timed_out
+
+    def _run(self) -> None:
+        """The server on a plain asyncio loop of this thread (uvloop, which uvicorn would
+        pick, retries a failing ``accept()`` at once and reports each failure)."""
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.accept_errors.install(loop)
+        try:
+            loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+        finally:
+            loop.close()
 
     def shutdown(self) -> None:
         self._server.should_exit = True
@@ -140,45 +235,6 @@ class EndpointServer:
 
     def server_close(self) -> None:
         self._sock.close()
-
-
-class _DeadlineProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with a connection bound and a deadline per request."""
-
-    endpoint: EndpointServer
-    deadline_s: float
-
-    def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
-        if len(self.connections) > METRICS_MAX_CONNECTIONS:
-            self.endpoint.refused += 1
-            transport.abort()
-            return
-        self._arm()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        timer = getattr(self, "_deadline", None)
-        if timer is not None:
-            timer.cancel()
-        super().connection_lost(exc)
-
-    def _arm(self) -> None:
-        timer = getattr(self, "_deadline", None)
-        if timer is not None:
-            timer.cancel()
-        self._deadline = self.loop.call_later(self.deadline_s, self._too_slow)
-
-    def _too_slow(self) -> None:
-        cycle = self.cycle
-        if cycle is not None and cycle.response_started and not cycle.response_complete:
-            return  # answering: the answer is never cut
-        if not self.transport.is_closing():
-            self.endpoint.timed_out += 1
-            self.transport.abort()
 
 
 def serve_metrics(
@@ -189,6 +245,7 @@ def serve_metrics(
     clock: Callable[[], float] = time.time,
     access: EndpointAccess | None = None,
     timeout_s: float = METRICS_TIMEOUT_S,
+    limits: DoorLimits | None = None,
 ) -> tuple[EndpointServer, int]:
     """Serve ``GET /metrics`` (Prometheus text) on ``listen`` ("host:port", port 0: any)
     from a daemon thread; returns the server and its port. With ``commands``, a router's
@@ -198,9 +255,10 @@ def serve_metrics(
     ``GET /cachettl/pins/commands/{id}`` for its outcome (``GET /cachettl/pins/commands``:
     the ids kept, oldest first). Commands and their outcomes are
     for whom ``access`` lets in (:class:`EndpointAccess`; ``token``: its pin-command token,
-    for callers that give only that). The server is uvicorn on one event-loop thread: at
-    most :data:`METRICS_MAX_CONNECTIONS` connections, each request answered or cut off
-    within ``timeout_s``; a client that goes away early costs nothing (no traceback)."""
+    for callers that give only that). The server is uvicorn on one event-loop thread behind
+    a bounded door (``limits``, default :func:`endpoint_limits`: the module's
+    documentation), each request whole within ``timeout_s`` or cut off; a client that
+    goes away early costs nothing (no traceback)."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(
@@ -223,7 +281,7 @@ def serve_metrics(
             f"{error.strerror}",
         ) from None
     try:
-        server = EndpointServer(app, sock, access, timeout_s)
+        server = EndpointServer(app, sock, access, timeout_s, limits)
     except (OSError, ValueError) as error:
         sock.close()
         raise ValueError(
@@ -336,5 +394,204 @@ def _ttl(raw: bytes) -> float | None:
     if ttl is None:
         return None
     if isinstance(ttl, bool) or not isinstance(ttl, int | float):
-        raise ValueError(f"ttl_seconds must be a number, got {ttl!r}")
+        raise ValueError(f"ttl_seconds must be a number, got {clip(repr(ttl))}")
     return float(ttl)
+
+
+# -- the door (a copy of controlplane.console.doors) ------------------------------------
+
+#: ``accept()`` errors that mean the process (or system) is out of a resource.
+ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def _nofile_limit() -> int:
+    """The process's soft descriptor limit (``RLIMIT_NOFILE``; 1024 if unlimited/unknown)."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 1024
+    return 1024 if soft == resource.RLIM_INFINITY or soft <= 0 else int(soft)
+
+
+@dataclass(frozen=True)
+class DoorLimits:
+    """A door's bounds (see the module's documentation)."""
+
+    max_connections: int
+    max_per_source: int
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 5.0
+    log_interval_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1 or self.max_per_source < 1:
+            raise ValueError("connection caps must be >= 1")
+        if not (self.header_timeout_s > 0 and self.idle_timeout_s > 0 and self.log_interval_s > 0):
+            raise ValueError("door timeouts must be > 0 seconds")
+
+
+class Door:
+    """The connections of one listening socket and its counters: ``refused`` (closed at
+    once, nothing to shed), ``shed`` (closed to let a newer one in), ``timed_out``."""
+
+    def __init__(self, limits: DoorLimits, trusts: Callable[[Any], bool]) -> None:
+        self.limits = limits
+        #: Whether a request's ASGI scope carries the door's credential.
+        self.trusts = trusts
+        self._all: dict[DoorProtocol, None] = {}
+        self._by_source: dict[str, dict[DoorProtocol, None]] = {}
+        self.refused = self.shed = self.timed_out = 0
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def admit(self, conn: DoorProtocol) -> bool:
+        """Take ``conn`` in (shedding another if a cap is reached); False: refused."""
+        source = conn.source
+        mine = self._by_source.get(source, {})
+        for scope, cap in (
+            (mine, self.limits.max_per_source),
+            (self._all, self.limits.max_connections),
+        ):
+            if len(scope) >= cap:
+                victim = next((c for c in scope if c.sheddable()), None)
+                if victim is None:
+                    self.refused += 1
+                    return False
+                self.shed += 1
+                self.leave(victim)
+                victim.transport.abort()
+        self._all[conn] = None
+        self._by_source.setdefault(source, {})[conn] = None
+        return True
+
+    def leave(self, conn: DoorProtocol) -> None:
+        self._all.pop(conn, None)
+        mine = self._by_source.get(conn.source)
+        if mine is not None:
+            mine.pop(conn, None)
+            if not mine:
+                del self._by_source[conn.source]
+
+
+class DoorProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol under a :class:`Door` (a subclass sets ``door``)."""
+
+    door: Door
+    source = ""
+    trusted = False
+    _deadline: asyncio.TimerHandle | None = None
+    _seen: object = None
+    _late: object = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self.source = self.client[0] if self.client else ""
+        if not self.door.admit(self):
+            self.connections.discard(self)
+            transport.abort()
+            return
+        self._arm()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        cycle = self.cycle
+        if cycle is not None and cycle is not self._seen:
+            self._seen = cycle
+            if not self.trusted and self.door.trusts(cycle.scope):
+                self.trusted = True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self.door.leave(self)
+        super().connection_lost(exc)
+
+    def _computing(self) -> bool:
+        """Whether the whole request is in and its answer is being computed."""
+        c = self.cycle
+        return c is not None and not c.more_body and not c.response_started
+
+    def _answering(self) -> bool:
+        c = self.cycle
+        return c is not None and c.response_started and not c.response_complete
+
+    def sheddable(self) -> bool:
+        return not self.trusted and not self._computing()
+
+    def _arm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self.loop.call_later(self.door.limits.header_timeout_s, self._too_slow)
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self._computing():
+            return  # the answer re-arms the deadline
+        if self._answering() and self._late is not self.cycle:
+            self._late = self.cycle  # one more deadline for the client to read it
+            self._arm()
+            return
+        self.door.timed_out += 1
+        self.door.leave(self)
+        self.transport.abort()
+
+
+class AcceptErrors:
+    """An event loop's exception handler that counts ``accept()`` failures and logs them
+    once per ``interval_s`` (the first at once); anything else goes to the handler it
+    replaced (or the loop's default)."""
+
+    def __init__(self, logger: logging.Logger, what: str, interval_s: float = 60.0) -> None:
+        self.logger, self.what, self.interval_s = logger, what, interval_s
+        self.count = 0
+        self._pending = 0
+        self._last = -float("inf")
+        self._last_error = ""
+        self._previous: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._previous = loop.get_exception_handler()
+        loop.set_exception_handler(self._handle)
+
+    def uninstall(self) -> None:
+        if self._loop is not None and self._loop.get_exception_handler() == self._handle:
+            self._loop.set_exception_handler(self._previous)
+
+    def _handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        message = str(context.get("message", ""))
+        if isinstance(exc, OSError) and (exc.errno in ACCEPT_ERRNOS or "accept" in message):
+            self.failed(exc)
+            return
+        if self._previous is not None:
+            self._previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    def failed(self, error: OSError) -> None:
+        self.count += 1
+        self._pending += 1
+        self._last_error = f"[Errno {error.errno}] {error.strerror}"
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            self.logger.warning(
+                "%s: %d accept() failure(s) in the last %.0f s (last: %s); the process is "
+                "at its descriptor limit (RLIMIT_NOFILE %d) or the system out of sockets; "
+                "accepting resumes by itself",
+                self.what,
+                self._pending,
+                min(now - self._last, self.interval_s),
+                self._last_error,
+                _nofile_limit(),
+            )
+            self._last, self._pending = now, 0

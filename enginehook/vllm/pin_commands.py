@@ -19,9 +19,9 @@ contract, engine-independent:
   :data:`HISTORY` and the history holds at most :data:`HISTORY_MAX_BYTES` (a router polls
   it). Every client string a command keeps or answers (its action, session id, detail) is
   clipped to :data:`CLIENT_STRING_CHARS` characters with a marker (:func:`clip`), so a
-  60,000-character id costs no more than a 256-character one. Ids are random (122 bits of a UUID 4), never
-  sequential: one id tells nothing of another command's, so no one reads another
-  router's sessions by counting, and ids never collide across engines. Both it and
+  60,000-character id costs no more than a 256-character one. Ids are random (122 bits
+  of a UUID 4), never sequential: one id tells nothing of another command's, so no one
+  reads another router's sessions by counting, and ids never collide across engines. Both it and
   ``submit`` return a JSON-ready copy taken under the lock (the HTTP threads never see a
   command half settled).
 
