@@ -141,6 +141,24 @@ class ServerOptions:
     limits: Limits = field(default_factory=lambda: LIMITS)
     tls: TlsFiles | None = None
     metrics_listen: str | None = None
+    #: Connections held at most (None: half of ``RLIMIT_NOFILE``; past it gRPC closes new
+    #: ones at once), seconds a connection may take to finish its handshake, and seconds
+    #: a connection with no call in flight is kept (then closed with GOAWAY; clients
+    #: reconnect by themselves).
+    max_connections: int | None = None
+    handshake_timeout_s: float = 10.0
+    connection_idle_s: float = 300.0
+
+
+def grpc_max_connections(nofile: int | None = None) -> int:
+    """Half of the process's descriptor limit (at least 64): the rest stays for the
+    database, the console and files, so a flood of idle connections never starves them."""
+    import resource
+
+    if nofile is None:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        nofile = 1024 if soft == resource.RLIM_INFINITY or soft <= 0 else int(soft)
+    return max(64, nofile // 2)
 
 
 #: ``cachettl serve`` flags of the admission limits: (flag, Budgets/AuthOptions field,
@@ -236,6 +254,12 @@ class ControlPlaneServer:
             options=[
                 ("grpc.max_concurrent_streams", per_connection),
                 ("grpc.max_send_message_length", MAX_SNAPSHOT_BYTES),
+                (
+                    "grpc.max_allowed_incoming_connections",
+                    o.max_connections or grpc_max_connections(),
+                ),
+                ("grpc.server_handshake_timeout_ms", int(o.handshake_timeout_s * 1000)),
+                ("grpc.max_connection_idle_ms", int(o.connection_idle_s * 1000)),
             ]
         )
         servicer = Servicer(self.plane, self.metrics, o.limits, o.watch_interval_s, budgets, o.auth)
