@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,18 @@ def add_console_flags(parser: argparse.ArgumentParser) -> None:
         help="file holding the console's admin token, which shows every tenant (default: "
         f"${ADMIN_TOKEN_ENV}, else no admin)",
     )
+    for flag, what in (
+        ("--console-max-connections", "connections at most (1/8 of RLIMIT_NOFILE, <= 1024)"),
+        ("--console-max-connections-per-source", "connections per client address (cap / 8)"),
+        ("--console-sessions-per-tenant", "sessions per tenant; its oldest end first (64)"),
+        ("--console-logins-per-minute", "logins per tenant per minute, burst as many (30)"),
+        ("--console-failed-logins-per-minute", "failed logins per address per minute (10)"),
+    ):
+        parser.add_argument(flag, type=int, default=None, metavar="N", help=what)
 
 
 def console_options(args: argparse.Namespace) -> Any:
     """The ``ConsoleOptions`` of the flags; ValueError naming a bad one."""
-    from controlplane.console.host import ConsoleOptions
-
     token = os.environ.get(ADMIN_TOKEN_ENV) or None
     if args.console_admin_token_file is not None:
         try:
@@ -49,7 +56,39 @@ def console_options(args: argparse.Namespace) -> Any:
             ) from None
     if token is not None and len(token) < 16:
         raise ValueError("console admin token: must be at least 16 characters")
-    options = ConsoleOptions(listen=args.console, admin_token=token)
+    return _options(args, token)
+
+
+def _options(args: argparse.Namespace, token: str | None) -> Any:
+    from controlplane.console.host import ConsoleOptions, console_door
+    from controlplane.console.sessions import RateLimit, SessionLimits
+
+    values = {}
+    for flag in (
+        "--console-max-connections",
+        "--console-max-connections-per-source",
+        "--console-sessions-per-tenant",
+        "--console-logins-per-minute",
+        "--console-failed-logins-per-minute",
+    ):
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+        values[flag[10:].replace("-", "_")] = value
+    door = console_door(
+        max_connections=values["max_connections"],
+        max_per_source=values["max_connections_per_source"],
+    )
+    sessions = SessionLimits()
+    if values["sessions_per_tenant"]:
+        sessions = replace(sessions, per_tenant=values["sessions_per_tenant"])
+    if values["logins_per_minute"]:
+        rate = values["logins_per_minute"]
+        sessions = replace(sessions, logins_per_tenant=RateLimit(rate, float(rate)))
+    if values["failed_logins_per_minute"]:
+        rate = values["failed_logins_per_minute"]
+        sessions = replace(sessions, failures_per_source=RateLimit(10, float(rate)))
+    options = ConsoleOptions(listen=args.console, admin_token=token, door=door, sessions=sessions)
     options.host_port()  # ValueError naming --console
     return options
 

@@ -79,12 +79,9 @@ def door_limits(
     ``ceiling`` connections (at least 16), ``1/per_source_share`` of them per source (at
     least 4); ``overrides`` (``DoorLimits`` fields, ``None`` ignored) win."""
     limit = nofile_limit() if nofile is None else nofile
-    cap = max(16, min(ceiling, limit // share))
-    values: dict[str, Any] = {
-        "max_connections": cap,
-        "max_per_source": max(4, cap // per_source_share),
-    }
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    values: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    cap = values.setdefault("max_connections", max(16, min(ceiling, limit // share)))
+    values.setdefault("max_per_source", max(4, cap // per_source_share))
     return DoorLimits(**values)
 
 
@@ -107,7 +104,10 @@ class Door:
         """Take ``conn`` in (shedding another if a cap is reached); False: refused."""
         source = conn.source
         mine = self._by_source.get(source, {})
-        for scope, cap in ((mine, self.limits.max_per_source), (self._all, self.limits.max_connections)):
+        for scope, cap in (
+            (mine, self.limits.max_per_source),
+            (self._all, self.limits.max_connections),
+        ):
             if len(scope) >= cap:
                 victim = next((c for c in scope if c.sheddable()), None)
                 if victim is None:
