@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from controlplane.learning import LearningCounters
+    from controlplane.storage.outages import Outages
 
 __all__ = ["Metrics"]
 
@@ -56,6 +57,12 @@ class Metrics:
         rows learning skipped) and ``cachettl_batches_refused_total{limit}`` (batches
         refused for a per-tenant bound on names)."""
         self.registry.register(_LearningCollector(counters))
+
+    def track_database(self, outages: Outages) -> None:
+        """Export the background loops' database outages: ``cachettl_database_outages_total
+        {loop}``, ``cachettl_database_failed_rounds_total{loop}`` and the gauge
+        ``cachettl_database_reachable`` (0 while a loop's outage is open)."""
+        self.registry.register(_DatabaseCollector(outages))
 
     def track_streams(self, servicer: Any) -> None:
         """Export the pin-coherence counters of ``servicer.coherence`` and the streams its
@@ -123,6 +130,34 @@ class _LearningCollector(Collector):
             "cachettl_group_commit_batches",
             "Tool-call batches committed by those commits",
             value=self.counters.batches_committed,
+        )
+
+
+class _DatabaseCollector(Collector):
+    def __init__(self, outages: Outages) -> None:
+        self.outages = outages
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        o = self.outages
+        opened = CounterMetricFamily(
+            "cachettl_database_outages",
+            "Outages of the database seen by a background loop (logged once each)",
+            labels=["loop"],
+        )
+        failed = CounterMetricFamily(
+            "cachettl_database_failed_rounds",
+            "Rounds of a background loop that failed",
+            labels=["loop"],
+        )
+        for loop in ("tail", "snapshot", "listen", "locations"):
+            opened.add_metric([loop], o.opened[loop])
+            failed.add_metric([loop], o.failed_rounds[loop])
+        yield opened
+        yield failed
+        yield GaugeMetricFamily(
+            "cachettl_database_reachable",
+            "1 unless a background loop's database outage is open",
+            value=1 if o.reachable else 0,
         )
 
 

@@ -324,19 +324,23 @@ class CoherenceHub:
 
     async def _maintain(self) -> None:
         """The shared locations' upkeep, in a worker thread every :data:`MAINTAIN_EVERY_S`,
-        never inside a report (:meth:`SharedLocations.maintain`); a failure is logged once
-        per outage and tried again."""
+        never inside a report (:meth:`SharedLocations.maintain`); an outage is logged once
+        at its start and once at its end (:mod:`controlplane.storage.outages`)."""
         assert self.shared is not None
-        failing = False
+        health = self.shared.outages.loop(
+            "locations",
+            "pin coherence: pruning program locations",
+            log,
+            f"tried again every {MAINTAIN_EVERY_S:g} s",
+        )
         while True:
             await asyncio.sleep(MAINTAIN_EVERY_S)
             try:
                 await asyncio.to_thread(self.shared.maintain)
-                failing = False
             except Exception as error:
-                if not failing:
-                    log.warning("pin coherence: pruning program locations failed: %s", error)
-                failing = True
+                health.failed(error)
+            else:
+                health.succeeded()
 
     def close(self) -> None:
         """Stop the background tasks (the server is stopping)."""

@@ -3,8 +3,14 @@
 Besides the RPCs the server runs two background loops: it tails the event log every
 ``tail_interval_s`` (so several servers on one PostgreSQL converge: a row committed
 through one server is in every other server's models within ``tail_interval_s`` plus one
-read), and writes a model snapshot every ``snapshot_interval_s`` when the models changed
-(write-behind; a restart loads it and replays only the log's tail).
+read), together with the tenants' token changes (so a revocation or rotation reaches this
+replica's token cache within as long, and an outage that starts afterwards cannot undo it:
+:mod:`controlplane.rpc.auth`), and writes a model snapshot every ``snapshot_interval_s``
+when the models changed (write-behind; a restart loads it and replays only the log's tail).
+
+A loop whose round fails (the database is down) logs it once, when the first round fails,
+and once when a round succeeds again, with the failed rounds and how long it lasted
+(:mod:`controlplane.storage.outages`; counted in ``/metrics``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from controlplane.rpc.metrics import Metrics
 from controlplane.rpc.servicer import Servicer, generic_handlers
 from controlplane.service import ControlPlane
 from controlplane.snapshots import MAX_SNAPSHOT_BYTES
+from controlplane.storage.outages import LoopHealth
 
 __all__ = [
     "SERVICE_NAMES",
@@ -230,10 +237,12 @@ class ControlPlaneServer:
         self.options = options or ServerOptions()
         self.metrics = Metrics()
         self.metrics.track_learning(plane.learning)  # rows skipped, batches refused
+        self.metrics.track_database(plane.store.outages)
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._auth_seq = -1  # the last token change the tail applied (-1: none yet)
 
     @property
     def servicer(self) -> Servicer:
@@ -303,26 +312,43 @@ class ControlPlaneServer:
         if self.options.metrics_listen:
             host, _, port = self.options.metrics_listen.rpartition(":")
             self.metrics_port = self.metrics.serve(host or "127.0.0.1", int(port))
+        outages = self.plane.store.outages
+        tail_s, snapshot_s = self.options.tail_interval_s, self.options.snapshot_interval_s
+        tail = outages.loop("tail", "tail of the event log", log, f"tried again every {tail_s:g} s")
+        snapshot = outages.loop(
+            "snapshot", "model snapshot", log, f"tried again every {snapshot_s:g} s"
+        )
         self._tasks = [
-            asyncio.create_task(self._every(self.options.tail_interval_s, self._tail)),
-            asyncio.create_task(
-                self._every(self.options.snapshot_interval_s, self.plane.write_snapshot)
-            ),
+            asyncio.create_task(self._every(tail_s, self._tail, tail)),
+            asyncio.create_task(self._every(snapshot_s, self._snapshot, snapshot)),
         ]
         return self.port
 
-    def _tail(self) -> None:
-        self.plane.catch_up()
+    async def _tail(self) -> None:
+        """One round of the tail: the log's new rows into the models, then the tenants'
+        token changes into the token cache (on the event loop, where the cache is used)."""
+        await asyncio.to_thread(self.plane.catch_up)
         self.metrics.model_version.set(self.plane.version)
+        changes = await asyncio.to_thread(self.plane.store.tenant_changes, self._auth_seq)
+        if changes:
+            self.servicer.tenants.apply(changes)
+            self._auth_seq = changes[-1].seq
 
-    async def _every(self, interval_s: float, job: object) -> None:
-        assert callable(job)
+    async def _snapshot(self) -> None:
+        await asyncio.to_thread(self.plane.write_snapshot)
+
+    @staticmethod
+    async def _every(interval_s: float, job: Any, health: LoopHealth) -> None:
+        """Run ``job`` every ``interval_s``; a failed round is told to ``health`` (logged
+        once per outage), and the next round retries."""
         while True:
             await asyncio.sleep(interval_s)
             try:
-                await asyncio.to_thread(job)
-            except Exception:  # keep serving; the next round retries
-                log.exception("background job failed")
+                await job()
+            except Exception as error:  # keep serving; the next round retries
+                health.failed(error)
+            else:
+                health.succeeded()
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting RPCs, let running ones finish, then write a final snapshot."""

@@ -22,6 +22,8 @@ import hashlib
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
 
 from controlplane.records import (
     AppendResult,
@@ -34,14 +36,25 @@ from controlplane.records import (
     Tenant,
     ToolCall,
 )
+from controlplane.storage.outages import Outages
 
-__all__ = ["SNAPSHOTS_KEPT", "Batch", "Store", "hash_token", "new_token"]
+__all__ = ["SNAPSHOTS_KEPT", "Batch", "Store", "TenantChange", "hash_token", "new_token"]
 
 #: One tenant's batch of tool calls, as a group commit takes it.
 Batch = tuple[Tenant, Sequence[ToolCall]]
 
 #: Snapshots kept per policy (older ones are deleted when a new one is saved).
 SNAPSHOTS_KEPT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class TenantChange:
+    """A tenant as a write that changed who its token is left it: created, revoked, or given
+    a new token (``Store.tenant_changes``). ``seq`` orders the changes (store-wide)."""
+
+    seq: int
+    tenant: Tenant
+    token_hash: str
 
 
 def new_token() -> str:
@@ -80,6 +93,20 @@ class Store(ABC):
     @abstractmethod
     def tenant_by_token_hash(self, token_hash: str) -> Tenant | None:
         """The tenant holding this token (revoked ones too: check ``revoked_at``), or None."""
+
+    @abstractmethod
+    def tenant_changes(self, after_seq: int) -> list[TenantChange]:
+        """The tenants whose token changed (created, revoked, rotated) in a write after
+        position ``after_seq``, each as it is now, in ``seq`` order; ``after_seq=-1``:
+        every tenant. Writers commit changes in ``seq`` order, so a reader that saw up to
+        ``seq`` never later finds a change below it. What a server's tail reads so that a
+        revocation reaches every replica's token cache (:mod:`controlplane.rpc.auth`)."""
+
+    @cached_property
+    def outages(self) -> Outages:
+        """The database outages of the background loops working on this store
+        (:mod:`controlplane.storage.outages`)."""
+        return Outages()
 
     # -- the event log ----------------------------------------------------------------
 

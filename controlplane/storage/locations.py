@@ -29,7 +29,9 @@ skips the rows a report holds. A program forgotten so counts as new at its next 
 (nothing is sent). With the default TTL cap (300 s) no pin outlives its program's row.
 
 Failure: when the listening connection drops, it reconnects with backoff
-(:data:`RETRY_FIRST_S` doubling to :data:`RETRY_MAX_S`) and logs once per outage. Moves
+(:data:`RETRY_FIRST_S` doubling to :data:`RETRY_MAX_S`) and logs once when it is lost and
+once when it listens again, with the failed attempts and the outage's length
+(:mod:`controlplane.storage.outages`, loop ``listen``; the upkeep is loop ``locations``). Moves
 published meanwhile are not heard on that replica: the pins they would have dropped live
 until their TTL, as they would without pin coherence. A failed report stores nothing and
 publishes nothing (the engine counts its arrivals as dropped).
@@ -53,6 +55,7 @@ from sqlalchemy import Engine
 from controlplane.errors import StorageError
 from controlplane.records import MAX_PROGRAM_LOCATIONS, Move, Tenant
 from controlplane.storage.base import Store
+from controlplane.storage.outages import Outages
 from controlplane.storage.sql import SqlStore, autocommit
 
 __all__ = [
@@ -223,6 +226,7 @@ class SharedLocations:
         max_programs: int = MAX_PROGRAM_LOCATIONS,
         trim_check: int = TRIM_CHECK,
         batch: int = PRUNE_BATCH,
+        outages: Outages | None = None,
     ) -> None:
         if engine.dialect.name != "postgresql":
             raise ValueError(f"shared locations need PostgreSQL, got {engine.dialect.name}")
@@ -239,6 +243,9 @@ class SharedLocations:
         self.max_programs = max_programs
         self.trim_check = trim_check
         self.batch = batch
+        #: Where the listener and the upkeep report their rounds (the store's, when made
+        #: by :func:`shared_locations`).
+        self.outages = outages or Outages()
         self._channel: str | None = None
         self._pruned_at = float("-inf")
         self._stored: dict[int, int] = {}  # per tenant id, since its rows were last counted
@@ -342,7 +349,14 @@ class SharedLocations:
         skipped."""
         url = self.engine.url.set(drivername="postgresql")
         conninfo = url.render_as_string(hide_password=False)
-        wait, lost = RETRY_FIRST_S, False
+        health = self.outages.loop(
+            "listen",
+            "moves between replicas (listening connection)",
+            log,
+            "reconnecting with backoff; until then moves reported through other replicas"
+            " are not told here (their pins live until their TTL)",
+        )
+        wait = RETRY_FIRST_S
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -352,9 +366,8 @@ class SharedLocations:
                     row = await cursor.fetchone()
                     channel = channel_of(str(row[0] if row else ""))
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    if lost:
-                        log.info("moves between replicas: listening again on %s", channel)
-                    wait, lost = RETRY_FIRST_S, False
+                    health.succeeded()
+                    wait = RETRY_FIRST_S
                     async for note in conn.notifies():
                         try:
                             published = decode(note.payload)
@@ -363,14 +376,7 @@ class SharedLocations:
                             continue
                         yield published
             except (psycopg.Error, OSError) as error:
-                if not lost:
-                    log.warning(
-                        "moves between replicas: listening connection lost (%s); reconnecting"
-                        " with backoff; until then moves reported through other replicas"
-                        " are not told here (their pins live until their TTL)",
-                        error,
-                    )
-                lost = True
+                health.failed(error)
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_MAX_S)
 
@@ -379,5 +385,5 @@ def shared_locations(store: Store) -> SharedLocations | None:
     """The shared locations of a PostgreSQL store; ``None`` for others (their server keeps
     the locations in memory: :class:`controlplane.coherence.ProgramLocations`)."""
     if isinstance(store, SqlStore) and store.engine.dialect.name == "postgresql":
-        return SharedLocations(store.engine)
+        return SharedLocations(store.engine, outages=store.outages)
     return None

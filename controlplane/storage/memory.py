@@ -17,7 +17,7 @@ from controlplane.records import (
     StoredToolCall,
     Tenant,
 )
-from controlplane.storage.base import SNAPSHOTS_KEPT, Batch, Store
+from controlplane.storage.base import SNAPSHOTS_KEPT, Batch, Store, TenantChange
 
 __all__ = ["MemoryStore"]
 
@@ -34,6 +34,7 @@ class MemoryStore(Store):
         self._ends: list[StoredProgramEnd] = []
         self._end_ids: set[tuple[int, str, float | None]] = set()
         self._snapshots: dict[str, list[SnapshotRecord]] = {}
+        self._auth_seq: dict[str, int] = {}  # tenant name -> position of its token change
 
     def create_tenant(self, name: str, share: bool, token_hash: str, now: float) -> Tenant:
         with self._lock:
@@ -42,6 +43,7 @@ class MemoryStore(Store):
             tenant = Tenant(len(self._tenants) + 1, name, share, now)
             self._tenants[name] = tenant
             self._hashes[token_hash] = name
+            self._changed(name)
             return tenant
 
     def list_tenants(self) -> list[Tenant]:
@@ -55,6 +57,7 @@ class MemoryStore(Store):
                 raise TenantNotFoundError(f"no tenant named {name!r}")
             if tenant.revoked_at is None:
                 self._tenants[name] = replace(tenant, revoked_at=now)
+                self._changed(name)
 
     def rotate_token(self, name: str, token_hash: str) -> Tenant:
         with self._lock:
@@ -65,12 +68,26 @@ class MemoryStore(Store):
                 del self._hashes[old]
             self._hashes[token_hash] = name
             tenant = self._tenants[name] = replace(tenant, revoked_at=None)
+            self._changed(name)
             return tenant
 
     def tenant_by_token_hash(self, token_hash: str) -> Tenant | None:
         with self._lock:
             name = self._hashes.get(token_hash)
             return self._tenants.get(name) if name is not None else None
+
+    def _changed(self, name: str) -> None:
+        self._auth_seq[name] = max(self._auth_seq.values(), default=0) + 1
+
+    def tenant_changes(self, after_seq: int) -> list[TenantChange]:
+        with self._lock:
+            hashes = {n: h for h, n in self._hashes.items()}
+            changes = [
+                TenantChange(seq, self._tenants[name], hashes[name])
+                for name, seq in self._auth_seq.items()
+                if seq > after_seq
+            ]
+        return sorted(changes, key=lambda c: c.seq)
 
     def append_batches(self, batches: Sequence[Batch]) -> list[AppendResult]:
         results = []

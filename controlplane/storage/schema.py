@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 #: The Alembic revision this code expects.
-HEAD_REVISION = "0006"
+HEAD_REVISION = "0007"
 
 #: BIGINT on PostgreSQL; INTEGER (an alias of the rowid, so autoincrementing) on SQLite.
 _SEQ = BigInteger().with_variant(Integer(), "sqlite")
@@ -54,6 +54,11 @@ tenants = Table(
     Column("share", Boolean, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("revoked_at", Float, nullable=True),
+    # Position of the write that last changed who holds the tenant's token (created,
+    # revoked, rotated): replicas' tails read the changes past the last one they saw
+    # (revision 0007; Store.tenant_changes).
+    Column("auth_seq", BigInteger, nullable=False, server_default="0"),
+    Index("ix_tenants_auth_seq", "auth_seq"),
 )
 
 tool_events = Table(

@@ -41,7 +41,7 @@ from controlplane.records import (
     ToolCall,
     TurnCache,
 )
-from controlplane.storage.base import SNAPSHOTS_KEPT, Batch, Store
+from controlplane.storage.base import SNAPSHOTS_KEPT, Batch, Store, TenantChange
 from controlplane.storage.migrate import check_schema
 from controlplane.storage.schema import program_ends, snapshots, tenants, tool_events
 
@@ -238,6 +238,12 @@ def _first_occurrences(batches: Sequence[Batch]) -> list[list[ToolCall]]:
     return unique
 
 
+def _next_auth_seq(c: Connection) -> int:
+    """The position of a token change (inside a write transaction: writers hold the log's
+    lock, so positions are drawn and committed in order)."""
+    return int(c.execute(select(func.coalesce(func.max(tenants.c.auth_seq), 0))).scalar_one()) + 1
+
+
 def _tenant(row: Any) -> Tenant:
     return Tenant(row.id, row.name, bool(row.share), row.created_at, row.revoked_at)
 
@@ -317,7 +323,13 @@ class SqlStore(Store):
         with transaction(self.engine, write=True) as c:
             if c.execute(select(tenants.c.id).where(tenants.c.name == name)).first():
                 raise TenantExistsError(f"tenant {quote(name)} already exists")
-            values = {"name": name, "token_hash": token_hash, "share": share, "created_at": now}
+            values = {
+                "name": name,
+                "token_hash": token_hash,
+                "share": share,
+                "created_at": now,
+                "auth_seq": _next_auth_seq(c),
+            }
             new_id = c.execute(insert(tenants).values(values).returning(tenants.c.id)).scalar()
         return Tenant(int(new_id or 0), name, share, now)
 
@@ -334,7 +346,7 @@ class SqlStore(Store):
             c.execute(
                 update(tenants)
                 .where(tenants.c.name == name, tenants.c.revoked_at.is_(None))
-                .values(revoked_at=now)
+                .values(revoked_at=now, auth_seq=_next_auth_seq(c))
             )
 
     def rotate_token(self, name: str, token_hash: str) -> Tenant:
@@ -345,7 +357,7 @@ class SqlStore(Store):
             c.execute(
                 update(tenants)
                 .where(tenants.c.name == name)
-                .values(token_hash=token_hash, revoked_at=None)
+                .values(token_hash=token_hash, revoked_at=None, auth_seq=_next_auth_seq(c))
             )
             row = c.execute(select(tenants).where(tenants.c.name == name)).one()
         return _tenant(row)
@@ -355,6 +367,13 @@ class SqlStore(Store):
         with transaction(self.engine) as c:
             row = c.execute(query).first()
         return _tenant(row) if row is not None else None
+
+    def tenant_changes(self, after_seq: int) -> list[TenantChange]:
+        query = select(tenants).where(tenants.c.auth_seq > after_seq).order_by(tenants.c.auth_seq)
+        with transaction(self.engine) as c:
+            return [
+                TenantChange(int(r.auth_seq), _tenant(r), r.token_hash) for r in c.execute(query)
+            ]
 
     # -- the event log ----------------------------------------------------------------
 
