@@ -1,14 +1,14 @@
 """What an unauthenticated peer may hold of an HTTP door (uvicorn, HTTP/1.1 over h11).
 
-A door bounds its connections: at most ``max_connections`` in all and
-``max_per_source`` from one client address, both set well below the process's descriptor
-limit (:func:`door_limits` derives them from ``RLIMIT_NOFILE``). A connection past either
-bound takes the place of the oldest connection of that scope that is *shed-able*: one that
-has presented no credential (:attr:`Door.trusts`) and is not being answered (it is still
-sending its request, or idle between requests). With none such, the new connection is
-closed at once. So connections that never send a request, send one slowly, or reconnect in
-a loop churn among themselves, while a client that presents its credential keeps its
-connection and a new one always gets in.
+A door bounds its connections: at most ``max_connections`` in all and ``max_per_source``
+from one client address, both set well below the process's descriptor limit
+(:func:`door_limits` derives them from ``RLIMIT_NOFILE``). A connection past either bound
+takes the place of the oldest connection of that scope that is *shed-able*: one that has
+presented no credential (:attr:`Door.trusts`), is not being answered (it is still sending
+its request, or idle between requests) and has no whole request head waiting to be read.
+With none such, the new connection is closed at once. So connections that never send a
+request, send one slowly, or reconnect in a loop churn among themselves, while a client
+that presents its credential keeps its connection and a new one always gets in.
 
 Every connection has a deadline: its whole request must arrive within
 ``header_timeout_s`` of the connection (or of the previous answer), else it is cut off;
@@ -29,6 +29,7 @@ import asyncio
 import errno
 import logging
 import resource
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -177,7 +178,23 @@ class DoorProtocol(H11Protocol):
         return c is not None and c.response_started and not c.response_complete
 
     def sheddable(self) -> bool:
-        return not self.trusted and not self._computing()
+        """Neither trusted, nor being answered, nor holding a whole request head not yet
+        read (a client that just sent its request, accepted in the same round as many
+        others: its bytes are read after every accept of the round)."""
+        return not self.trusted and not self._computing() and not self._head_waiting()
+
+    def _head_waiting(self) -> bool:
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or self.transport.get_extra_info("sslcontext") is not None:
+            return False  # over TLS the bytes waiting say nothing
+        peek = socket.socket(fileno=sock.fileno())
+        try:
+            waiting = peek.recv(16384, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:
+            return False
+        finally:
+            peek.detach()
+        return b"\r\n\r\n" in waiting
 
     def _arm(self) -> None:
         if self._deadline is not None:

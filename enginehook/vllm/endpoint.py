@@ -10,14 +10,15 @@ plane's console) bounds what a peer without the token may hold: at most
 ``RLIMIT_NOFILE``: 1/8 of it up to :data:`METRICS_MAX_CONNECTIONS`, half of that per
 source; environment overrides in :func:`endpoint_limits`), each request whole within its
 deadline of the connection or the previous answer. When a cap is reached a new connection
-*sheds the oldest connection that presented no pin-command token and is not being
-answered* (an idle or slow one) rather than being refused: a connection that sent the
-token is never shed, and a well-behaved client's new connection always gets in, however
-many slow clients reconnect; only when every slot is trusted or busy answering is the new
-one closed at once. (Reserving slots for token holders was the other choice; it would leave
-untokened ``/metrics`` scrapers to the slow clients, and a router's first request on a new
-connection has not yet shown its token when the connection is accepted.)
-``accept()`` failures are logged once a minute with their count, never a traceback each."""
+*sheds the oldest connection that presented no pin-command token, is not being answered
+and has no whole request head waiting to be read* (an idle or slow one) rather than being
+refused: a connection that sent the token is never shed, and a well-behaved client's new
+connection always gets in, however many slow clients reconnect; only when every slot is
+trusted or busy answering is the new one closed at once. (Reserving slots for token
+holders was the other choice; it would leave untokened ``/metrics`` scrapers to the slow
+clients, and a router's first request on a new connection has not yet shown its token when
+the connection is accepted.) ``accept()`` failures are logged once a minute with their
+count, never a traceback each."""
 
 from __future__ import annotations
 
@@ -522,7 +523,23 @@ class DoorProtocol(H11Protocol):
         return c is not None and c.response_started and not c.response_complete
 
     def sheddable(self) -> bool:
-        return not self.trusted and not self._computing()
+        """Neither trusted, nor being answered, nor holding a whole request head not yet
+        read (a client that just sent its request, accepted in the same round as many
+        others: its bytes are read after every accept of the round)."""
+        return not self.trusted and not self._computing() and not self._head_waiting()
+
+    def _head_waiting(self) -> bool:
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or self.transport.get_extra_info("sslcontext") is not None:
+            return False  # over TLS the bytes waiting say nothing
+        peek = socket.socket(fileno=sock.fileno())
+        try:
+            waiting = peek.recv(16384, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:
+            return False
+        finally:
+            peek.detach()
+        return b"\r\n\r\n" in waiting
 
     def _arm(self) -> None:
         if self._deadline is not None:

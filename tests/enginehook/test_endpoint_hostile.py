@@ -210,3 +210,220 @@ def test_a_router_never_sends_the_token_in_clear_to_another_host() -> None:
     drops.escaped("p", "r1", endpoint="http://10.255.255.1:9400", expires_at=1.0)
     drops.close()
     assert drops.counts() == {"sent": 1, "insecure": 1}
+
+
+# -- the door: caps, shedding, accept() failures, echoes ----------------------------------
+
+
+class _Reconnecting:
+    """``n`` clients (no token) that each send half a request and, when cut off,
+    reconnect at once; run from one thread until ``stop()``."""
+
+    def __init__(self, port: int, n: int, source: str = "127.0.0.1") -> None:
+        self.port, self.n, self.source = port, n, source
+        self.connects = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _open(self) -> socket.socket | None:
+        try:
+            s = socket.create_connection(("127.0.0.1", self.port), 2, (self.source, 0))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        except OSError:
+            return None
+        self.connects += 1
+        s.setblocking(False)
+        return s
+
+    def _run(self) -> None:
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        for _ in range(self.n):
+            s = self._open()
+            if s is not None:
+                sel.register(s, selectors.EVENT_READ)
+        while not self._stop.is_set():
+            for key, _ in sel.select(0.05):
+                held = key.fileobj
+                assert isinstance(held, socket.socket)
+                try:
+                    gone = held.recv(4096) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    sel.unregister(held)
+                    held.close()
+                    fresh = self._open()
+                    if fresh is not None:
+                        sel.register(fresh, selectors.EVENT_READ)
+            missing = self.n - len(sel.get_map())
+            for _ in range(missing):
+                fresh = self._open()
+                if fresh is not None:
+                    sel.register(fresh, selectors.EVENT_READ)
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def _limits(**changes: Any) -> Any:
+    from enginehook.vllm.endpoint import DoorLimits
+
+    values: dict[str, Any] = {"max_connections": 32, "max_per_source": 32}
+    values.update(changes)
+    return DoorLimits(**values)
+
+
+def test_reconnecting_slow_clients_deny_a_well_behaved_client_nothing() -> None:
+    commands = PinCommands()
+    access = EndpointAccess(token="pins-only")
+    server, port = serve_metrics(
+        HookMetrics(), "127.0.0.1:0", commands, access=access, limits=_limits()
+    )
+    slow = _Reconnecting(port, 300)
+    try:
+        while slow.connects < 300:
+            time.sleep(0.05)
+        scrapes = [_request(port, "GET", "/metrics", timeout=10)[0] for _ in range(15)]
+        pins = [
+            _request(port, "POST", f"/cachettl/pins/s{i}:drop", token="pins-only", timeout=10)[0]
+            for i in range(15)
+        ]
+    finally:
+        slow.stop()
+        server.shutdown()
+        server.server_close()
+    assert scrapes == [200] * 15
+    assert pins == [202] * 15
+    assert server.shed > 0  # the slow clients made room for the well-behaved one
+    assert len(server.door) <= 32
+
+
+def test_a_connection_that_showed_the_token_is_never_shed() -> None:
+    server, port = serve_metrics(
+        HookMetrics(),
+        "127.0.0.1:0",
+        PinCommands(),
+        access=EndpointAccess(token="pins-only"),
+        limits=_limits(max_connections=16, max_per_source=16, header_timeout_s=30.0,
+                       idle_timeout_s=30.0),
+    )  # fmt: skip
+    router = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = {"Authorization": "Bearer pins-only"}
+    idle: list[socket.socket] = []
+    try:
+        router.request("POST", "/cachettl/pins/s0:drop", headers=headers)
+        first = router.getresponse()
+        first.read()
+        assert first.status == 202
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
+        while server.shed < 100 - 15:
+            time.sleep(0.05)
+        router.request("POST", "/cachettl/pins/s1:drop", headers=headers)  # same connection
+        response = router.getresponse()
+        assert response.status == 202
+        response.read()
+        assert server.refused == 0
+    finally:
+        router.close()
+        for s in idle:
+            s.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_one_source_holds_at_most_its_share() -> None:
+    server, port = serve_metrics(
+        HookMetrics(), "127.0.0.1:0", limits=_limits(max_connections=32, max_per_source=4)
+    )
+    others: list[socket.socket] = []
+    try:
+        try:
+            others = [
+                socket.create_connection(("127.0.0.1", port), 2, ("127.0.0.2", 0))
+                for _ in range(50)
+            ]
+        except OSError:
+            pytest.skip("no 127.0.0.2 on this host")
+        while server.shed < 50 - 4:
+            time.sleep(0.05)
+        assert len(server.door) <= 4  # the other address's connections, at most
+        assert _request(port, "GET", "/metrics")[0] == 200
+    finally:
+        for s in others:
+            s.close()
+        server.shutdown()
+        server.server_close()
+
+
+_EMFILE_CHILD = """
+import resource, sys, time, logging
+logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+from enginehook.vllm.endpoint import DoorLimits, serve_metrics
+from enginehook.vllm.metrics import HookMetrics
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+limits = DoorLimits(max_connections=1000, max_per_source=1000, header_timeout_s=60.0,
+                    idle_timeout_s=60.0, log_interval_s=60.0)
+server, port = serve_metrics(HookMetrics(), "127.0.0.1:0", limits=limits)
+print(port, flush=True)
+sys.stdin.readline()
+print(server.accept_errors.count, len(server.door), flush=True)
+"""
+
+
+def test_accept_failures_are_logged_once_per_interval_without_tracebacks() -> None:
+    """A process at its descriptor limit (64 here, the door's cap set past it): the
+    failing accept()s give one log line with their count, no traceback each."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _EMFILE_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
+    assert child.stdout is not None
+    assert child.stdin is not None
+    port = int(child.stdout.readline())
+    held: list[socket.socket] = []
+    try:
+        for _ in range(120):  # within the backlog: no connect() waits
+            held.append(socket.create_connection(("127.0.0.1", port), 5))
+        time.sleep(3.0)  # asyncio retries a failed accept() every second
+        child.stdin.write("\n")
+        child.stdin.flush()
+        failures, open_ = (int(x) for x in child.stdout.readline().split())
+    finally:
+        for s in held:
+            s.close()
+        child.kill()
+        _, err = child.communicate(timeout=10)
+    assert failures >= 2  # it did run out of descriptors, more than once
+    assert open_ < 64
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "accept() failure" in line]
+    assert len(lines) == 1, err[-2000:]
+    assert "Errno 24" in lines[0]
+    assert len(err.splitlines()) <= 3, err[-2000:]
+
+
+def test_whole_ids_are_never_echoed(endpoint) -> None:
+    _, port, commands = endpoint
+    huge = "s" * 60_000
+    status, body = _request(port, "POST", f"/cachettl/pins/{huge}:drop", token="pins-only")
+    assert status == 400
+    assert len(body) < 1_000
+    assert b"[+59744 chars]" in body
+    status, body = _request(port, "POST", f"/cachettl/pins/s1:{'a' * 60_000}", token="pins-only")
+    assert status == 501
+    assert len(body) < 1_500
+    for command in commands.ids():
+        assert len(json.dumps(commands.get(command))) < 1_500
