@@ -257,3 +257,26 @@ def test_http_full_queue_answers_429(endpoint: tuple[int, PinCommands]) -> None:
         commands.submit("drop", f"s{i}", now=0.0)
     status, answer = _call(port, "POST", "/cachettl/pins/late:drop")
     assert (status, answer["state"]) == (429, "rejected")
+
+
+def test_the_history_is_bounded_in_bytes_at_any_input() -> None:
+    import tracemalloc
+
+    from enginehook.vllm.pin_commands import CLIENT_STRING_CHARS, HISTORY_MAX_BYTES
+
+    tracemalloc.start()
+    try:
+        commands = PinCommands()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(4_200):  # four-byte characters: the costliest strings
+            huge = f"{i}" + "\U0001f600" * 60_000
+            answer = commands.submit(huge, huge, now=0.0)
+            del huge
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 20_000_000
+    assert commands._history_bytes <= HISTORY_MAX_BYTES
+    assert len(answer["action"]) <= CLIENT_STRING_CHARS + 20
+    assert answer["action"].endswith("chars]")
+    assert len(commands.ids()) < HISTORY  # the byte bound, not the count, held
