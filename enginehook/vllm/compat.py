@@ -86,6 +86,8 @@ INTERNALS: dict[tuple[str, str, str], tuple[str, ...]] = {
     ("v1/core/sched/scheduler.py", "Scheduler", "reset_prefix_cache"): ("self",),
     ("v1/core/sched/scheduler.py", "Scheduler", "shutdown"): ("self",),
     ("v1/core/sched/scheduler.py", "Scheduler", "finish_requests"): ("self",),
+    ("v1/core/sched/scheduler.py", "Scheduler", "make_stats"): ("self",),
+    ("v1/core/sched/scheduler.py", "Scheduler", "get_kv_cache_usage"): ("self",),
     ("v1/core/sched/scheduler.py", "Scheduler", "update_from_output"): (
         "self",
         "scheduler_output",
