@@ -501,10 +501,21 @@ class CachettlAgentInfer(Cachettl):
     """AgentInfer's Progress-TTL admission (as ``agentinfer``) in front of an engine
     running ``cachettl``: its rules, its pins and its queue order behind the admission.
     The admission reads the used KV as the hook publishes it (pins count as free unless
-    ``pins_in_kv_usage``)."""
+    ``pins_in_kv_usage``), and a request it holds does not keep a pin past its expiry."""
 
     name = "cachettl-agentinfer"
     help = "AgentInfer's Progress-TTL admission in front of cachettl (pins, program order)"
 
     def attach(self, host: Any) -> None:
-        self.admission = install_progress_ttl(host, count_pins=self.rules.pins_in_kv_usage)
+        admission = install_progress_ttl(host, count_pins=self.rules.pins_in_kv_usage)
+        self.admission = admission
+        engine = host.engine
+
+        def waiting_programs() -> set[str]:
+            return {p for p in engine.waiting_programs() if not admission.held(p)}
+
+        # A request the admission holds is not waiting for the engine: it does not keep
+        # its program's pin past expiry, nor shield the pin from pressure. Otherwise a
+        # held program's pin lives until the admission resumes it, holding KV the
+        # admission (which reads pins as free) has given to others.
+        host.waiting_programs = waiting_programs

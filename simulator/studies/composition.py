@@ -12,7 +12,11 @@ retention (pins, their expiry and pressure rule, and the queue order of the engi
 the scheduler where the scheduler leaves that order to vLLM) is ``cachettl``'s:
 
 * llm-d's program-aware fairness *is* an order (least attained service per session): it
-  stays, ``cachettl(ordering=las)``;
+  stays, ``cachettl(ordering=las)``; under that order a pinned program's returning turn
+  waits behind programs with less service while its pin, kept past expiry because its
+  request waits, holds KV that waiting turns may not release (the ``running`` pressure
+  rule), so ``llmd-fairness-pinned`` puts live pins first and keeps llm-d's order after
+  them, ``cachettl(ordering=pinned-las)`` (admitting a pinned turn takes no new KV);
 * ThunderAgent and AgentInfer admit whole programs in front of an unmodified vLLM, whose
   FCFS queue is vLLM's, not theirs: behind them the engine runs ``cachettl`` whole,
   ``cachettl(admission=thunderagent)`` and ``cachettl-agentinfer``.
@@ -37,6 +41,7 @@ __all__ = ["PAIRS", "main"]
 #: scheduler name -> (the scheduler alone, the scheduler with cachettl's retention)
 PAIRS: dict[str, tuple[str, str]] = {
     "llmd-fairness": ("llmd-fairness", "cachettl(ordering=las)"),
+    "llmd-fairness-pinned": ("llmd-fairness", "cachettl(ordering=pinned-las)"),
     "thunderagent": ("thunderagent", "cachettl(admission=thunderagent)"),
     "agentinfer": ("agentinfer", "cachettl-agentinfer"),
 }
@@ -53,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         help="programs/s (default: the load times vLLM's slowdown-3 rate, found over the seeds)",
     )
-    parser.add_argument("--schedulers", default=",".join(PAIRS))
+    parser.add_argument("--schedulers", default="llmd-fairness,thunderagent,agentinfer")
     parser.add_argument("--extra", default="", help="more policies run per seed (in the JSON)")
     parser.add_argument("--out", default="results/composition")
     args = parser.parse_args(argv)

@@ -81,7 +81,24 @@ def test_agentinfer_with_pins_reads_used_kv_as_the_hook_publishes_it():
 def test_the_study_writes_one_verdict_file_per_scheduler(tmp_path):
     out = tmp_path / "composition"
     argv = ["--workload", "swe", "--programs", "6", "--seeds", "0-1", "--load", "1"]
-    assert main([*argv, "--rate", "0.1", "--out", str(out)]) == 0
-    for name in PAIRS:
+    names = ["llmd-fairness-pinned", "agentinfer"]
+    assert main([*argv, "--rate", "0.1", "--schedulers", ",".join(names), "--out", str(out)]) == 0
+    for name in names:
         text = (tmp_path / f"composition_{name}_swe_1.md").read_text()
-        assert f"--against {name}" in text
+        assert f"--against {PAIRS[name][0]}" in text
+        assert f"`{PAIRS[name][1]}` seed by seed" in text
+
+
+def test_a_request_agentinfer_holds_does_not_keep_its_programs_pin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sim = Simulation([], get_scheduling_policy("cachettl-agentinfer"), HW)
+    admission = sim.controller.admission
+    assert isinstance(admission, ProgressTtlAdmission)
+    monkeypatch.setattr(sim.engine, "waiting_programs", lambda: {"a": 1, "b": 1})
+    monkeypatch.setattr(admission, "held", lambda program: program == "b")
+    assert set(sim.waiting_programs()) == {"a"}
+    # The pin of the held program expires; the admissible one's is kept while it waits.
+    for program in ("a", "b"):
+        sim.pins.pin(program, 1, 0.0, 1.0)
+    assert {p.program_id for p in sim.controller.expire(2.0)} == {"b"}
