@@ -5,8 +5,9 @@ cache, snapshots sent, the pin-coherence hub); ``start()`` binds uvicorn on the 
 loop and starts sampling η and T; ``stop()`` ends both. The console's door is bounded
 (:mod:`controlplane.console.doors`: connections in all and per source address, header and
 idle timeouts; a connection whose request carries a live session cookie is never shed) and
-its ``accept()`` failures are logged once a minute with their count. uvicorn's own signal handling is
-off: the control plane's ``serve`` owns SIGTERM and SIGINT and stops the console with it.
+its ``accept()`` failures are logged once a minute with their count. uvicorn's own signal
+handling is off: the control plane's ``serve`` owns SIGTERM and SIGINT and stops the
+console with it.
 """
 
 from __future__ import annotations
