@@ -52,7 +52,7 @@ class CuttableProxy:
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.cut_off = False
-        self._transports: set[asyncio.BaseTransport] = set()
+        self._transports: set[asyncio.WriteTransport] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -254,9 +254,13 @@ def test_an_outage_is_logged_twice_and_a_revocation_before_it_holds_on_every_rep
         _cli("tenants", "revoke", "acme", "--db", url)
         new_beta = _cli("tenants", "rotate", "beta", "--db", url)
         denied, unknown = grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED
+
+        def refused(replica: Replica, name: str, code: grpc.StatusCode) -> Callable[[], bool]:
+            return lambda: code_of(decide(replica, name)) is code
+
         for replica in (a, b):  # through the tail, well before the 30 s fresh age
-            until(lambda r=replica: code_of(decide(r, "acme")) is denied, 5.0, "acme refused")
-            until(lambda r=replica: code_of(decide(r, "beta")) is unknown, 5.0, "beta refused")
+            until(refused(replica, "acme", denied), 5.0, "acme refused")
+            until(refused(replica, "beta", unknown), 5.0, "beta refused")
         assert b.metric("cachettl_database_reachable") == 1.0
 
         before = len(b.log_lines())
