@@ -66,7 +66,7 @@ class Part:
     forbid: tuple[str, ...] = ()
 
 
-_VOCABULARY = ("records", "errors", "kvhints", "wire", "_resources", "_gen")
+_VOCABULARY = ("records", "errors", "kvhints", "wire", "doors", "_resources", "_gen")
 _DOMAIN = (
     "service",
     "learning",

@@ -3,7 +3,7 @@
 ``Console(server, options)`` reads the server's ``ControlPlane`` and servicer (the token
 cache, snapshots sent, the pin-coherence hub); ``start()`` binds uvicorn on the same event
 loop and starts sampling η and T; ``stop()`` ends both. The console's door is bounded
-(:mod:`controlplane.console.doors`: connections in all and per source address, header and
+(:mod:`controlplane.doors`: connections in all and per source address, header and
 idle timeouts; a connection whose request carries a live session cookie is never shed) and
 its ``accept()`` failures are logged once a minute with their count. uvicorn's own signal
 handling is off: the control plane's ``serve`` owns SIGTERM and SIGINT and stops the
@@ -24,10 +24,10 @@ from typing import Any
 import uvicorn
 
 from controlplane.console.app import HERE, make_app
-from controlplane.console.doors import AcceptErrors, Door, DoorLimits, DoorProtocol, door_limits
 from controlplane.console.sessions import COOKIE, SessionLimits, Sessions
 from controlplane.console.views import Sources
 from controlplane.console.watch import History
+from controlplane.doors import AcceptErrors, Door, DoorLimits, DoorProtocol, door_limits
 from controlplane.rpc.server import ControlPlaneServer, ServerOptions, until_signalled
 
 __all__ = ["Console", "ConsoleOptions", "serve_with_console"]

@@ -4,9 +4,9 @@
 (who may send a command: the pin-command token, loopback, TLS). :func:`serve_metrics` starts
 it as uvicorn on one event-loop thread (:class:`EndpointServer`) behind a bounded door.
 
-The door (a copy of ``controlplane.console.doors``: the hook may not import the control
-plane's console) bounds what a peer without the token may hold: at most
-``max_connections`` connections and ``max_per_source`` per client address (from
+The door (:mod:`controlplane.doors`, the web console's too) bounds what a peer without
+the token may hold: at most ``max_connections`` connections and ``max_per_source`` per
+client address (from
 ``RLIMIT_NOFILE``: 1/8 of it up to :data:`METRICS_MAX_CONNECTIONS`, half of that per
 source; environment overrides in :func:`endpoint_limits`), each request whole within its
 deadline of the connection or the previous answer. When a cap is reached a new connection
@@ -23,11 +23,9 @@ count, never a traceback each."""
 from __future__ import annotations
 
 import asyncio
-import errno
 import hmac
 import logging
 import os
-import resource
 import socket
 import threading
 import time
@@ -40,8 +38,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from controlplane.doors import AcceptErrors, Door, DoorLimits, DoorProtocol, nofile_limit
 from controlplane.kvhints import loads_bounded
 from enginehook.core.tokens import is_loopback_host
 from enginehook.vllm.metrics import HookMetrics
@@ -156,7 +154,7 @@ def endpoint_limits(
             raise ValueError(f"{ENV_PREFIX}{name}: must be > 0, got {raw[:40]!r}")
         return value
 
-    limit = _nofile_limit() if nofile is None else nofile
+    limit = nofile_limit() if nofile is None else nofile
     cap = read("MAX_CONNECTIONS", int) or max(16, min(METRICS_MAX_CONNECTIONS, limit // 8))
     per_source = read("MAX_CONNECTIONS_PER_SOURCE", int) or max(4, cap // 2)
     return DoorLimits(
@@ -397,218 +395,3 @@ def _ttl(raw: bytes) -> float | None:
     if isinstance(ttl, bool) or not isinstance(ttl, int | float):
         raise ValueError(f"ttl_seconds must be a number, got {clip(repr(ttl))}")
     return float(ttl)
-
-
-# -- the door (a copy of controlplane.console.doors) ------------------------------------
-
-#: ``accept()`` errors that mean the process (or system) is out of a resource.
-ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-
-
-def _nofile_limit() -> int:
-    """The process's soft descriptor limit (``RLIMIT_NOFILE``; 1024 if unlimited/unknown)."""
-    try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (OSError, ValueError):
-        return 1024
-    return 1024 if soft == resource.RLIM_INFINITY or soft <= 0 else int(soft)
-
-
-@dataclass(frozen=True)
-class DoorLimits:
-    """A door's bounds (see the module's documentation)."""
-
-    max_connections: int
-    max_per_source: int
-    header_timeout_s: float = 10.0
-    idle_timeout_s: float = 5.0
-    log_interval_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.max_connections < 1 or self.max_per_source < 1:
-            raise ValueError("connection caps must be >= 1")
-        if not (self.header_timeout_s > 0 and self.idle_timeout_s > 0 and self.log_interval_s > 0):
-            raise ValueError("door timeouts must be > 0 seconds")
-
-
-class Door:
-    """The connections of one listening socket and its counters: ``refused`` (closed at
-    once, nothing to shed), ``shed`` (closed to let a newer one in), ``timed_out``."""
-
-    def __init__(self, limits: DoorLimits, trusts: Callable[[Any], bool]) -> None:
-        self.limits = limits
-        #: Whether a request's ASGI scope carries the door's credential.
-        self.trusts = trusts
-        self._all: dict[DoorProtocol, None] = {}
-        self._by_source: dict[str, dict[DoorProtocol, None]] = {}
-        self.refused = self.shed = self.timed_out = 0
-
-    def __len__(self) -> int:
-        return len(self._all)
-
-    def admit(self, conn: DoorProtocol) -> bool:
-        """Take ``conn`` in (shedding another if a cap is reached); False: refused."""
-        source = conn.source
-        mine = self._by_source.get(source, {})
-        for scope, cap in (
-            (mine, self.limits.max_per_source),
-            (self._all, self.limits.max_connections),
-        ):
-            if len(scope) >= cap:
-                victim = next((c for c in scope if c.sheddable()), None)
-                if victim is None:
-                    self.refused += 1
-                    return False
-                self.shed += 1
-                self.leave(victim)
-                victim.transport.abort()
-        self._all[conn] = None
-        self._by_source.setdefault(source, {})[conn] = None
-        return True
-
-    def leave(self, conn: DoorProtocol) -> None:
-        self._all.pop(conn, None)
-        mine = self._by_source.get(conn.source)
-        if mine is not None:
-            mine.pop(conn, None)
-            if not mine:
-                del self._by_source[conn.source]
-
-
-class DoorProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol under a :class:`Door` (a subclass sets ``door``)."""
-
-    door: Door
-    source = ""
-    trusted = False
-    _deadline: asyncio.TimerHandle | None = None
-    _seen: object = None
-    _late: object = None
-
-    def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
-        self.source = self.client[0] if self.client else ""
-        if not self.door.admit(self):
-            self.connections.discard(self)
-            transport.abort()
-            return
-        self._arm()
-
-    def handle_events(self) -> None:
-        super().handle_events()
-        cycle = self.cycle
-        if cycle is not None and cycle is not self._seen:
-            self._seen = cycle
-            if not self.trusted and self.door.trusts(cycle.scope):
-                self.trusted = True
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self.door.leave(self)
-        super().connection_lost(exc)
-
-    def _computing(self) -> bool:
-        """Whether the whole request is in and its answer is being computed."""
-        c = self.cycle
-        return c is not None and not c.more_body and not c.response_started
-
-    def _answering(self) -> bool:
-        c = self.cycle
-        return c is not None and c.response_started and not c.response_complete
-
-    def sheddable(self) -> bool:
-        """Neither trusted, nor being answered, nor holding a whole request head not yet
-        read (a client that just sent its request, accepted in the same round as many
-        others: its bytes are read after every accept of the round)."""
-        return not self.trusted and not self._computing() and not self._head_waiting()
-
-    def _head_waiting(self) -> bool:
-        sock = self.transport.get_extra_info("socket")
-        if sock is None or self.transport.get_extra_info("sslcontext") is not None:
-            return False  # over TLS the bytes waiting say nothing
-        peek = socket.socket(fileno=sock.fileno())
-        try:
-            waiting = peek.recv(16384, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except OSError:
-            return False
-        finally:
-            peek.detach()
-        return b"\r\n\r\n" in waiting
-
-    def _arm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self._deadline = self.loop.call_later(self.door.limits.header_timeout_s, self._too_slow)
-
-    def _too_slow(self) -> None:
-        self._deadline = None
-        if self.transport.is_closing():
-            return
-        if self._computing():
-            return  # the answer re-arms the deadline
-        if self._answering() and self._late is not self.cycle:
-            self._late = self.cycle  # one more deadline for the client to read it
-            self._arm()
-            return
-        self.door.timed_out += 1
-        self.door.leave(self)
-        self.transport.abort()
-
-
-class AcceptErrors:
-    """An event loop's exception handler that counts ``accept()`` failures and logs them
-    once per ``interval_s`` (the first at once); anything else goes to the handler it
-    replaced (or the loop's default)."""
-
-    def __init__(self, logger: logging.Logger, what: str, interval_s: float = 60.0) -> None:
-        self.logger, self.what, self.interval_s = logger, what, interval_s
-        self.count = 0
-        self._pending = 0
-        self._last = -float("inf")
-        self._last_error = ""
-        self._previous: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def install(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._previous = loop.get_exception_handler()
-        loop.set_exception_handler(self._handle)
-
-    def uninstall(self) -> None:
-        if self._loop is not None and self._loop.get_exception_handler() == self._handle:
-            self._loop.set_exception_handler(self._previous)
-
-    def _handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        message = str(context.get("message", ""))
-        if isinstance(exc, OSError) and (exc.errno in ACCEPT_ERRNOS or "accept" in message):
-            self.failed(exc)
-            return
-        if self._previous is not None:
-            self._previous(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    def failed(self, error: OSError) -> None:
-        self.count += 1
-        self._pending += 1
-        self._last_error = f"[Errno {error.errno}] {error.strerror}"
-        now = time.monotonic()
-        if now - self._last >= self.interval_s:
-            self.logger.warning(
-                "%s: %d accept() failure(s) in the last %.0f s (last: %s); the process is "
-                "at its descriptor limit (RLIMIT_NOFILE %d) or the system out of sockets; "
-                "accepting resumes by itself",
-                self.what,
-                self._pending,
-                min(now - self._last, self.interval_s),
-                self._last_error,
-                _nofile_limit(),
-            )
-            self._last, self._pending = now, 0

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from controlplane.console.bench import Client
-from controlplane.console.doors import DoorLimits
 from controlplane.console.host import Console, ConsoleOptions
 from controlplane.console.sessions import DeniedError, RateLimit, SessionLimits
+from controlplane.doors import DoorLimits
 from controlplane.rpc.client import ControlPlaneClient
 from controlplane.rpc.server import ServerOptions
 from controlplane.service import ControlPlane

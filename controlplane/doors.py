@@ -19,8 +19,8 @@ computed is never cut; one the client does not read is cut after two deadlines.
 are logged once per ``log_interval_s`` with their count (:class:`AcceptErrors`, an
 exception handler of the event loop), never a traceback per attempt.
 
-``enginehook.vllm.endpoint`` holds a copy of this for the engine hook's endpoint (the
-hook may not import the control plane's web console).
+Both HTTP doors use it: the web console's (``controlplane.console``) and the engine
+hook's endpoint (``enginehook.vllm.endpoint``).
 """
 
 from __future__ import annotations
