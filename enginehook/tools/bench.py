@@ -28,6 +28,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -370,6 +371,8 @@ async def _run_engines(
                     merged = results[name].setdefault(regime, BenchResult())
                     merged.add(run, config.repeats)
                     merged.resets_refused += 0 if reset else 1
+                    figures = {k: round(v, 3) for k, v in run.summary().items()}
+                    print(f"{regime} {name} replay {rep}: {figures}", file=sys.stderr, flush=True)
     finally:
         for engine in engines.values():
             engine.shutdown()
