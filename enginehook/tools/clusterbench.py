@@ -11,6 +11,14 @@ that background load on a shared machine hits both alike. Reports per policy and
 and P90 JCT, new programs' first-turn wait P90, the prefix-hit share, and the hook/stock
 ratios with their median over runs.
 
+With ``unbounded`` a third arm runs beside them: two stock engines whose KV pools never evict
+(each :func:`enginehook.tools.bench.unbounded_blocks` of the whole trace, since a router may
+send every program to one engine) behind a router of the same policy, the bound any retention
+can reach; the report adds its figures, the share of their reachable prefix returning turns
+found cached on each arm (on the unbounded arm, what the router's placement alone leaves
+out), and the hook's distance to it (:func:`enginehook.tools.bench.distance`). Off by
+default: two more engines on a two-CPU machine, and a third replay per run.
+
 The policy :data:`PROGRAM_SCHEDULING` is vllm-router's program scheduling
 (``--enable-program-scheduling``, its ``docs/program_scheduling.md``): both arms' routers run
 it with :func:`program_scheduling_config` (the documented deployment settings, the engine's KV
@@ -35,7 +43,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginehook.tools.bench import BenchConfig, BenchProgram, BenchResult, make_trace
+from enginehook.tools.bench import (
+    BenchConfig,
+    BenchProgram,
+    BenchResult,
+    distance,
+    make_trace,
+    replay_order,
+    unbounded_blocks,
+)
 from enginehook.tools.cluster import ClusterEngine, Router
 from enginehook.tools.servers import ControlPlaneProcess, free_port, wait_for
 
@@ -62,6 +78,7 @@ PROGRAM_SCHEDULING = "program_scheduling"
 PROGRAM_SCHEDULING_BY_COUNT = "program_scheduling_by_count"
 _PROGRAMS = (PROGRAM_SCHEDULING, PROGRAM_SCHEDULING_BY_COUNT)
 _FALLBACK = "cache_aware"
+_ARMS = ("stock", "hook", "unbounded")
 
 
 @dataclass
@@ -80,18 +97,32 @@ class RealClusterConfig:
     #: Hook settings on top of the engine bench's (``additional_config.cachettl`` keys): by
     #: default none beyond the engine's defaults (:data:`CLUSTER_SETTINGS`).
     hook_settings: dict[str, Any] = field(default_factory=lambda: dict(CLUSTER_SETTINGS))
+    #: A third arm: stock engines whose pools never evict (:func:`unbounded_pool`).
+    unbounded: bool = False
+
+
+def unbounded_pool(trace: BenchConfig) -> int:
+    """Blocks of each engine of the unbounded arm: the whole trace's
+    :func:`~enginehook.tools.bench.unbounded_blocks`, as a router may place every program on
+    one engine.
+
+    >>> unbounded_pool(BenchConfig(programs=48)) > 10 * 240
+    True
+    """
+    return unbounded_blocks(make_trace(trace, 1.0), trace.block_size)
 
 
 def program_scheduling_config(
-    trace: BenchConfig, policy: str = PROGRAM_SCHEDULING
+    trace: BenchConfig, policy: str = PROGRAM_SCHEDULING, blocks: int | None = None
 ) -> dict[str, Any]:
     """``--program-scheduling-config-json``: the router doc's recommended deployment
     (``global_queue``, MRU resume, 1 s observations), each target's token capacity the
     engine's KV pool, and a new program bound to the target with the fewest programs (the
     simulator's reading, ``simulator/cluster/progsched.py``). The cost models are the router's
     reference calibration (it warns so at start). :data:`PROGRAM_SCHEDULING_BY_COUNT`: no
-    token capacity."""
-    pool = trace.blocks * trace.block_size if policy == PROGRAM_SCHEDULING else None
+    token capacity. ``blocks``: each engine's pool when it is not ``trace.blocks`` (the
+    unbounded arm's)."""
+    pool = (blocks or trace.blocks) * trace.block_size if policy == PROGRAM_SCHEDULING else None
     return {
         "global_queue": True,
         "resume_order": "mru",
@@ -101,18 +132,31 @@ def program_scheduling_config(
     }
 
 
-def router_for(config: RealClusterConfig, policy: str, urls: list[str], work: Path) -> Router:
+def router_for(
+    config: RealClusterConfig,
+    policy: str,
+    urls: list[str],
+    work: Path,
+    blocks: int | None = None,
+) -> Router:
     """The router of ``policy`` in front of ``urls`` (not started); :data:`PROGRAM_SCHEDULING`
-    is the router's default policy with program scheduling on."""
+    is the router's default policy with program scheduling on (``blocks``: the engines' pool
+    when it is not the trace's)."""
     if policy not in _PROGRAMS:
         return Router(policy, urls, work)
-    settings = json.dumps(program_scheduling_config(config.trace, policy), separators=(",", ":"))
+    ps = program_scheduling_config(config.trace, policy, blocks)
+    settings = json.dumps(ps, separators=(",", ":"))
     flags = ("--enable-program-scheduling", "--program-scheduling-config-json", settings)
     return Router(_FALLBACK, urls, work, extra=flags)
 
 
 def _program(
-    base_url: str, program: BenchProgram, seed: int, out: BenchResult, agentic: bool = False
+    base_url: str,
+    program: BenchProgram,
+    seed: int,
+    out: BenchResult,
+    agentic: bool = False,
+    block: int = 32,
 ) -> None:
     from openai import OpenAI
 
@@ -120,6 +164,7 @@ def _program(
     rng = random.Random(f"{seed}-{program.pid}")
     started = time.monotonic()
     context: list[int] = []
+    previous = 0  # the previous turn's prompt length
     for k, turn in enumerate(program.turns):
         context += [rng.randrange(*_VOCAB) for _ in range(turn.input_tokens)]
         last = k == len(program.turns) - 1
@@ -150,8 +195,13 @@ def _program(
         if k == 0 and first is not None:
             out.first_wait_s.append(first - submitted)
         details = getattr(usage, "prompt_tokens_details", None) if usage else None
+        cached = int(getattr(details, "cached_tokens", 0) or 0)
         out.prompt_tokens += len(context)
-        out.cached_tokens += int(getattr(details, "cached_tokens", 0) or 0)
+        out.cached_tokens += cached
+        if k > 0:  # the previous prompt's full blocks (its output is not sent back: below)
+            out.returning_reachable += block * (previous // block)
+            out.returning_cached += cached
+        previous = len(context)
         # The engine's own output tokens are not returned on this path: the context grows by
         # as many tokens of the same vocabulary, so the next prompt re-reads a prefix of the
         # same length (the last partial block misses alike on both arms).
@@ -162,7 +212,7 @@ def _program(
 
 
 def _replay(
-    base_url: str, trace: list[BenchProgram], seed: int, agentic: bool = False
+    base_url: str, trace: list[BenchProgram], seed: int, agentic: bool = False, block: int = 32
 ) -> BenchResult:
     result = BenchResult()
     lock = threading.Lock()
@@ -170,12 +220,14 @@ def _replay(
     def run(program: BenchProgram) -> None:
         time.sleep(program.arrival_s)
         mine = BenchResult()
-        _program(base_url, program, seed, mine, agentic)
+        _program(base_url, program, seed, mine, agentic, block)
         with lock:
             result.jct_s += mine.jct_s
             result.first_wait_s += mine.first_wait_s
             result.prompt_tokens += mine.prompt_tokens
             result.cached_tokens += mine.cached_tokens
+            result.returning_reachable += mine.returning_reachable
+            result.returning_cached += mine.returning_cached
 
     started = time.monotonic()
     threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in trace]
@@ -197,13 +249,17 @@ def _reset(engines: list[ClusterEngine]) -> None:
 
 
 def _engines(
-    config: RealClusterConfig, model: Path, work: Path, name: str, hook: dict[str, Any] | None
+    config: RealClusterConfig,
+    model: Path,
+    work: Path,
+    name: str,
+    hook: dict[str, Any] | None,
+    blocks: int | None = None,
 ) -> list[ClusterEngine]:
     env = {"VLLM_SERVER_DEV_MODE": "1"}  # POST /reset_prefix_cache between runs
+    pool = blocks or config.trace.blocks
     return [
-        ClusterEngine(
-            f"{name}{i}", model, work, hook, config.trace.blocks, max_model_len=4096, env=env
-        )
+        ClusterEngine(f"{name}{i}", model, work, hook, pool, max_model_len=4096, env=env)
         for i in range(config.engines)
     ]
 
@@ -212,10 +268,17 @@ def _policy(
     config: RealClusterConfig, arms: dict[str, list[ClusterEngine]], policy: str, work: Path
 ) -> dict[str, list[dict[str, float]]]:
     """Every run of one router policy: a router per arm, the arms' replays alternating
-    (stock first on even runs) so that background load on a shared machine hits both alike."""
+    (stock first on even runs, last on odd ones) so that background load on a shared machine
+    hits each alike."""
     trace = make_trace(config.trace, config.compress)
     routers = {
-        name: router_for(config, policy, [e.url for e in engines], work)
+        name: router_for(
+            config,
+            policy,
+            [e.url for e in engines],
+            work,
+            unbounded_pool(config.trace) if name == "unbounded" else None,
+        )
         for name, engines in arms.items()
     }
     agentic = policy in _PROGRAMS
@@ -225,11 +288,11 @@ def _policy(
             router.start()
             _replay(router.url, make_trace(BenchConfig(programs=2, seed=99), 0.01), 99, agentic)
         for run in range(config.runs):
-            order = ["stock", "hook"] if run % 2 == 0 else ["hook", "stock"]
-            for name in order:
+            for name in replay_order(list(arms), run):
                 _reset(arms[name])
                 seed, load = config.trace.seed + run, os.getloadavg()[0]
-                summary = _replay(routers[name].url, trace, seed, agentic).summary()
+                result = _replay(routers[name].url, trace, seed, agentic, config.trace.block_size)
+                summary = result.summary()
                 summary["load_1m"] = round(load, 2)  # at the replay's start
                 runs[name].append(summary)
                 print(f"{name} {policy} run {run}: {summary}", flush=True)
@@ -264,9 +327,14 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
         "stock": _engines(config, model, work, "stock", None),
         "hook": _engines(config, model, work, "hook", hook),
     }
+    if config.unbounded:
+        arms["unbounded"] = _engines(
+            config, model, work, "unbounded", None, unbounded_pool(config.trace)
+        )
     every = [engine for engines in arms.values() for engine in engines]
     stock: dict[str, list[dict[str, float]]] = {}
     ours: dict[str, list[dict[str, float]]] = {}
+    bound: dict[str, list[dict[str, float]]] = {}
     try:
         for engine in every:
             engine.start()
@@ -274,6 +342,8 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
         for policy in config.policies:
             runs = _policy(config, arms, policy, work)
             stock[policy], ours[policy] = runs["stock"], runs["hook"]
+            if "unbounded" in runs:
+                bound[policy] = runs["unbounded"]
     finally:
         for engine in every:
             engine.stop()
@@ -285,15 +355,27 @@ def run_real_cluster(config: RealClusterConfig) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "policies": {},
     }
+    if config.unbounded:
+        report["unbounded_blocks"] = unbounded_pool(config.trace)
     if set(_PROGRAMS) & set(config.policies):
         report["program_scheduling_config"] = program_scheduling_config(config.trace)
     for policy in config.policies:
-        report["policies"][policy] = _compared(stock[policy], ours[policy])
+        report["policies"][policy] = compared(stock[policy], ours[policy], bound.get(policy))
     return report
 
 
-def _compared(stock: list[dict[str, float]], hook: list[dict[str, float]]) -> dict[str, Any]:
-    """One policy's runs of both arms, their hook/stock ratios and the ratios' medians."""
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def compared(
+    stock: list[dict[str, float]],
+    hook: list[dict[str, float]],
+    unbounded: list[dict[str, float]] | None = None,
+) -> dict[str, Any]:
+    """One policy's runs of both arms, their hook/stock ratios and the ratios' medians; with
+    the ``unbounded`` arm's runs, the hook's distance to it per run and the medians."""
     ratios = [
         {
             "mean_jct": h["mean_jct_s"] / s["mean_jct_s"],
@@ -301,13 +383,21 @@ def _compared(stock: list[dict[str, float]], hook: list[dict[str, float]]) -> di
         }
         for s, h in zip(stock, hook, strict=True)
     ]
-    return {
+    figures: dict[str, Any] = {
         "stock": stock,
         "hook": hook,
         "ratios": ratios,
         "median_mean_jct_ratio": statistics.median(r["mean_jct"] for r in ratios),
         "median_wait_p90_ratio": statistics.median(r["first_turn_wait_p90"] for r in ratios),
     }
+    if unbounded is not None:
+        distances = [distance(s, h, u) for s, h, u in zip(stock, hook, unbounded, strict=True)]
+        figures["unbounded"] = unbounded
+        figures["distances"] = distances
+        figures["median_distance"] = {
+            key: _median([d[key] for d in distances]) for key in distances[0]
+        }
+    return figures
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -337,15 +427,19 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {policy} | median | | {figures['median_mean_jct_ratio']:.2f} | | "
             f"{figures['median_wait_p90_ratio']:.2f} | |"
         )
+    if any("unbounded" in figures for figures in report["policies"].values()):
+        lines += _unbounded_table(report)
     loads = [
         f"{policy} {', '.join(str(r.get('load_1m', '?')) for r in pair)}"
         for policy, figures in report["policies"].items()
-        for pair in zip(figures["stock"], figures["hook"], strict=True)
+        for pair in zip(*(figures[arm] for arm in _ARMS if arm in figures), strict=True)
     ]
     if "load_start" in report:
         lines += [
             "",
-            f"Load average (1 min) at each replay's start, stock / hook by run: "
+            "Load average (1 min) at each replay's start, stock / hook"
+            + (" / unbounded" if "unbounded_blocks" in report else "")
+            + " by run: "
             f"{'; '.join(loads)}.",
         ]
     if "program_scheduling_config" in report:
@@ -359,6 +453,55 @@ def markdown(report: dict[str, Any]) -> str:
             + (" `token_capacity_per_target` null." if by_count else "."),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _unbounded_table(report: dict[str, Any]) -> list[str]:
+    """The hook's distance to the arm whose pools never evict, one row per policy and run."""
+    lines = [
+        "",
+        f"The unbounded arm: {report['config']['engines']} stock engines of "
+        f"{report.get('unbounded_blocks', '?')} blocks (no replay evicts) behind a router of "
+        "the same policy. Gap closed: (stock - hook) / (stock - unbounded); returning turns' "
+        "prefix found: the share of the previous prompt's full blocks they found cached "
+        "(below 100 % on the unbounded arm only where the router sent a turn elsewhere).",
+        "",
+        "| router policy | run | mean JCT unbounded (s) | hook / unbounded | gap closed "
+        "| first-turn wait P90 unbounded (s) | hook / unbounded | gap closed "
+        "| returning turns' prefix found stock / hook / unbounded |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for policy, figures in report["policies"].items():
+        if "unbounded" not in figures:
+            continue
+        rows = zip(
+            figures["stock"],
+            figures["hook"],
+            figures["unbounded"],
+            figures["distances"],
+            strict=True,
+        )
+        for run, (s, h, u, d) in enumerate(rows):
+            found = " / ".join(
+                f"{x.get('returning_hit_share', float('nan')):.0%}" for x in (s, h, u)
+            )
+            lines.append(
+                f"| {policy} | {run} | {u['mean_jct_s']:.2f} | {_fmt(d['mean_jct_over_bound'])} | "
+                f"{_fmt(d['mean_jct_gap_closed'], '.0%')} | {u['first_turn_wait_p90_s']:.2f} | "
+                f"{_fmt(d['first_turn_wait_p90_over_bound'])} | "
+                f"{_fmt(d['first_turn_wait_p90_gap_closed'], '.0%')} | {found} |"
+            )
+        m = figures["median_distance"]
+        lines.append(
+            f"| {policy} | median | | {_fmt(m['mean_jct_over_bound'])} | "
+            f"{_fmt(m['mean_jct_gap_closed'], '.0%')} | | "
+            f"{_fmt(m['first_turn_wait_p90_over_bound'])} | "
+            f"{_fmt(m['first_turn_wait_p90_gap_closed'], '.0%')} | |"
+        )
+    return lines
 
 
 def write(report: dict[str, Any], out: str) -> None:

@@ -98,6 +98,13 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--real-runs", type=int, default=3, help="--real: runs per policy and arm")
     p.add_argument(
+        "--real-unbounded",
+        action="store_true",
+        help="--real: a third arm, two stock engines whose KV pools never evict (the bound "
+        "any retention can reach) behind a router of the same policy, and the hook's distance "
+        "to it (off by default: two more engines on the machine, a third replay per run)",
+    )
+    p.add_argument(
         "--real-hook",
         default="{}",
         metavar="JSON",
@@ -359,7 +366,10 @@ def _real(args: argparse.Namespace) -> int:
     if not isinstance(settings, dict):
         raise ValueError("--real-hook: must be a JSON object of hook settings")
     config = RealClusterConfig(
-        policies=policies, runs=args.real_runs, hook_settings={**CLUSTER_SETTINGS, **settings}
+        policies=policies,
+        runs=args.real_runs,
+        hook_settings={**CLUSTER_SETTINGS, **settings},
+        unbounded=args.real_unbounded,
     )
     report = run_real_cluster(config)
     report["command"] = "cachettl bench cluster " + shlex.join(sys.argv[3:])

@@ -94,5 +94,6 @@ def test_without_the_third_engine_the_report_is_the_pair() -> None:
         "cachettl": {"saturated": _result(12.0, 1.0, 800, 700)},
     }
     report = compare(config, results)
-    assert "unbounded" not in report and "distance" not in report
+    assert "unbounded" not in report
+    assert "distance" not in report
     assert "| saturated | 0.60 | 0.60 | 0.25 | - | - | - | - |" in markdown(report)
