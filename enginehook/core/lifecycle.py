@@ -316,7 +316,8 @@ class PinController(QueueOrder, Generic[H]):
         whose expected loss (the latency their program would lose by a miss) is below
         ``waited_s``, the time it has waited: past that point the newcomer has lost more by
         waiting than the pin's program would lose, and with memory held by pins it has no
-        other way in. Only priced pins (a benefit B > 0) of programs with no request
+        other way in. ``waiting_reclaim`` extends this to every waiting request of a
+        program (returning turns too). Only priced pins (a benefit B > 0) of programs with no request
         waiting qualify; a request without a program (non-agent traffic) takes none."""
         if not len(self.pins):
             return 0
@@ -326,9 +327,11 @@ class PinController(QueueOrder, Generic[H]):
         ):
             if not (
                 self._pressure is PressureRule.RUNNING
-                and self.rules.first_turn_reclaim
                 and requester is not None
-                and self.attained_tokens(requester) == 0
+                and (
+                    self.rules.waiting_reclaim
+                    or (self.rules.first_turn_reclaim and self.attained_tokens(requester) == 0)
+                )
             ):
                 return 0
             waiting = self.host.waiting_programs()

@@ -103,6 +103,18 @@ class SchedulingRules:
             "pin's program would lose); off: only running or preempted work releases pins"
         },
     )
+    waiting_reclaim: bool = field(
+        default=False,
+        metadata={
+            "help": "under the running rule, any waiting request of a program (a returning "
+            "turn too, not only a new program's first turn) may release a priced pin of a "
+            "program with no request waiting once it has waited longer than the pin's "
+            "expected loss; for an engine behind a router that admits by its published KV "
+            "usage and waiting count (vllm-router's program scheduling), where pins counted "
+            "as free let a turn in that then waits and holds the router's admission; off: "
+            "first_turn_reclaim alone"
+        },
+    )
     first_turn_over_pins: bool = field(
         default=True,
         metadata={
@@ -218,7 +230,7 @@ class SchedulingRules:
 
 
 #: The rules that are true or false.
-_FLAGS = ("first_turn_reclaim", "first_turn_over_pins", "pins_in_kv_usage")
+_FLAGS = ("first_turn_reclaim", "waiting_reclaim", "first_turn_over_pins", "pins_in_kv_usage")
 
 
 def _rule_value(name: str, value: Any) -> PressureRule:

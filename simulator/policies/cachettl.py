@@ -23,6 +23,8 @@ victim              ``lowest-loss`` (waiting programs last)                     
 pressure            ``running``: release pins only for running work              always
 first_turn_reclaim  under ``running``, a new program's first turn may release a     off
                     pin once it has waited longer than the pin's expected loss
+waiting_reclaim     any waiting turn reclaims as a first turn does (behind a      off
+                    router that admits by the published usage); default off
 order_window_s      bound on a returning turn's program-order head start         0
 new first           ``first_turn_head_start_s``: a new program's first turn is   0
                     ordered this long before its arrival (inf: before every

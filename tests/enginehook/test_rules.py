@@ -252,6 +252,33 @@ def test_a_first_turn_reclaims_a_pin_once_it_has_waited_longer_than_the_pins_los
     assert SchedulingRules.parse({"first_turn_reclaim": "off"}).first_turn_reclaim is False
 
 
+def test_waiting_reclaim_lets_a_returning_turn_take_a_pin_once_it_has_waited_its_loss() -> None:
+    """Off by default (a returning turn waits for running work or expiry, as above); on, any
+    waiting request of a program reclaims as a first turn does: priced pins of programs with
+    nothing waiting, once it has waited longer than their expected loss."""
+    assert SchedulingRules().waiting_reclaim is False
+    controller, host = _controller(SchedulingRules(waiting_reclaim=True))
+    for program in ("a", "b", "r"):
+        controller.arrived(program, 0.0, 0.0)
+        turn = FinishedTurn(program, "bash", None, 160)
+        controller.finished(turn, 0.0, lambda p=program: (10, p))  # type: ignore[misc]
+    loss = next(p for p in controller.pins if p.program_id == "a").expected_loss_s(1.0)
+    assert controller.attained_tokens("r") > 0  # r returns: not a first turn
+
+    def relieve(requester: str | None, waited_s: float) -> int:
+        return controller.relieve(
+            10, requester, for_running=False, nothing_running=False, now=1.0, waited_s=waited_s
+        )
+
+    assert relieve("r", loss - 0.1) == 0  # it has lost less than a miss would cost
+    assert relieve(None, 100.0) == 0  # a request without a program takes none
+    host.waiting = [("r", 200), ("b", 200)]
+    assert relieve("r", loss + 0.1) == 1  # never its own pin, nor b's (b is waiting)
+    assert host.freed == [("a", "pressure")]
+    assert controller.pinned("r") and controller.pinned("b")
+    assert SchedulingRules.parse({"waiting_reclaim": "on"}).waiting_reclaim is True
+
+
 def test_an_abandoned_program_is_forgotten_and_its_end_reported() -> None:
     controller, host = _controller(SchedulingRules())
     controller.arrived("s", 0.0, 0.0)
