@@ -317,8 +317,9 @@ class PinController(QueueOrder, Generic[H]):
         ``waited_s``, the time it has waited: past that point the newcomer has lost more by
         waiting than the pin's program would lose, and with memory held by pins it has no
         other way in. ``waiting_reclaim`` extends this to every waiting request of a
-        program (returning turns too). Only priced pins (a benefit B > 0) of programs with no request
-        waiting qualify; a request without a program (non-agent traffic) takes none."""
+        program (returning turns too). Only priced pins (a benefit B > 0) of programs with
+        no request waiting qualify; a request without a program (non-agent traffic) takes
+        none."""
         if not len(self.pins):
             return 0
         pins = [p for p in self.pins if p.program_id != requester]

@@ -275,7 +275,8 @@ def test_waiting_reclaim_lets_a_returning_turn_take_a_pin_once_it_has_waited_its
     host.waiting = [("r", 200), ("b", 200)]
     assert relieve("r", loss + 0.1) == 1  # never its own pin, nor b's (b is waiting)
     assert host.freed == [("a", "pressure")]
-    assert controller.pinned("r") and controller.pinned("b")
+    assert controller.pinned("r")
+    assert controller.pinned("b")
     assert SchedulingRules.parse({"waiting_reclaim": "on"}).waiting_reclaim is True
 
 
