@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 from enginehook.tools.bench import (
     BenchConfig,
@@ -67,7 +68,7 @@ def _result(jct: float, wait: float, reachable: int, cached: int) -> BenchResult
     )
 
 
-def test_the_report_carries_the_third_engine_and_the_distance(tmp_path) -> None:
+def test_the_report_carries_the_third_engine_and_the_distance(tmp_path: Path) -> None:
     config = BenchConfig(programs=4, regimes={"saturated": 0.1})
     results = {
         "stock": {"saturated": _result(20.0, 4.0, 800, 200)},
