@@ -463,7 +463,8 @@ def _unbounded_table(report: dict[str, Any]) -> list[str]:
     """The hook's distance to the arm whose pools never evict, one row per policy and run."""
     lines = [
         "",
-        f"The unbounded arm: {report['config']['engines']} stock engines of "
+        f"The unbounded arm: {report['config']['engines']} stock "
+        f"engine{'s' if report['config']['engines'] != 1 else ''} of "
         f"{report.get('unbounded_blocks', '?')} blocks (no replay evicts) behind a router of "
         "the same policy. Gap closed: (stock - hook) / (stock - unbounded); returning turns' "
         "prefix found: the share of the previous prompt's full blocks they found cached "
