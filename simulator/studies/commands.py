@@ -91,12 +91,13 @@ def register(
     show.set_defaults(handler=_stats)
 
     from simulator.studies import bench as bench_module
-    from simulator.studies import demo, fidelity, frontier, learning, seeds, study
+    from simulator.studies import composition, demo, fidelity, frontier, learning, seeds, study
 
     bench_module.register(bench)
     study.register(bench)
     frontier.register(bench)
     seeds.register(bench)
+    composition.register(bench)
     fidelity.register(bench)
     from simulator.studies import cluster as cluster_bench
 

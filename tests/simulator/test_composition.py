@@ -3,12 +3,14 @@
 
 import pytest
 
+from controlplane.cli import main
 from enginehook.core.host import FinishedTurn
 from simulator.engine import EngineConfig, Request
 from simulator.policies import get_scheduling_policy
 from simulator.policies.agentinfer import ProgressTtlAdmission
 from simulator.sim import RunResult, Simulation
-from simulator.studies.composition import PAIRS, main
+from simulator.studies import provenance
+from simulator.studies.composition import PAIRS
 from simulator.trace import Program
 from simulator.workloads import generate
 
@@ -80,13 +82,26 @@ def test_agentinfer_with_pins_reads_used_kv_as_the_hook_publishes_it():
 
 def test_the_study_writes_one_verdict_file_per_scheduler(tmp_path):
     out = tmp_path / "composition"
-    argv = ["--workload", "swe", "--programs", "6", "--seeds", "0-1", "--load", "1"]
+    argv = ["bench", "composition", "--workload", "swe", "--load", "1", "--rate", "0.1"]
     names = ["llmd-fairness-pinned", "agentinfer"]
-    assert main([*argv, "--rate", "0.1", "--schedulers", ",".join(names), "--out", str(out)]) == 0
+    argv += [
+        "--programs",
+        "6",
+        "--seeds",
+        "0-1",
+        "--schedulers",
+        ",".join(names),
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
     for name in names:
         text = (tmp_path / f"composition_{name}_swe_1.md").read_text()
         assert f"--against {PAIRS[name][0]}" in text
         assert f"`{PAIRS[name][1]}` seed by seed" in text
+        record = provenance.read(text)
+        assert record is not None
+        assert record["command"] == "cachettl bench composition " + " ".join(argv[2:])
 
 
 def test_a_request_agentinfer_holds_does_not_keep_its_programs_pin(
