@@ -79,6 +79,12 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--scale-engines", type=int, default=64)
     p.add_argument("--scale-programs", type=int, default=20_000)
     p.add_argument("--scale-pair", default=OURS, help="ROUTER+RETENTION of the timed run")
+    _real_arguments(p)
+    p.set_defaults(handler=_cluster)
+
+
+def _real_arguments(p: argparse.ArgumentParser) -> None:
+    """``bench cluster --real``'s options (enginehook/tools/clusterbench.py)."""
     p.add_argument(
         "--real",
         action="store_true",
@@ -111,7 +117,6 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="--real: hook settings on top of the bench's and the engine's defaults "
         '(a JSON object of additional_config.cachettl keys, e.g. {"first_turn_over_pins": false})',
     )
-    p.set_defaults(handler=_cluster)
 
 
 def split_specs(text: str) -> list[str]:

@@ -91,17 +91,11 @@ def register(
     show.set_defaults(handler=_stats)
 
     from simulator.studies import bench as bench_module
+    from simulator.studies import cluster as cluster_bench
     from simulator.studies import composition, demo, fidelity, frontier, learning, seeds, study
 
-    bench_module.register(bench)
-    study.register(bench)
-    frontier.register(bench)
-    seeds.register(bench)
-    composition.register(bench)
-    fidelity.register(bench)
-    from simulator.studies import cluster as cluster_bench
-
-    cluster_bench.register(bench)
+    for module in (bench_module, study, frontier, seeds, composition, fidelity, cluster_bench):
+        module.register(bench)
     learning.register(bench)
     demo.register(commands)
 

@@ -282,27 +282,7 @@ def test_an_outage_is_logged_twice_and_a_revocation_before_it_holds_on_every_rep
         time.sleep(5 * TAIL_S)  # a few more good rounds: nothing more may be logged
         lines = b.log_lines()[before:]
 
-        # At most a few lines for the whole outage: one per loop at its start.
-        assert 1 <= len(during) <= 3, during
-        assert all("Traceback" not in line for line in lines), lines
-        tail_down = [
-            line for line in lines if "tail of the event log: database unreachable" in line
-        ]
-        assert len(tail_down) == 1, lines
-        tail_up = [
-            line for line in lines if "tail of the event log: database reachable again" in line
-        ]
-        assert len(tail_up) == 1, lines
-        found = re.search(r"after (\d+\.\d) s \((\d+) failed rounds\)", tail_up[0])
-        assert found, tail_up[0]
-        assert float(found.group(1)) >= OUTAGE_S - 0.5
-        assert int(found.group(2)) >= 5  # about OUTAGE_S / TAIL_S rounds failed, logged once
-        assert len(lines) <= 6, lines  # two per loop (tail, snapshot) and some room
-        assert b.metric('cachettl_database_outages_total{loop="tail"}') == 1.0
-        assert b.metric('cachettl_database_failed_rounds_total{loop="tail"}') >= 5
-        assert b.metric("cachettl_database_reachable") == 1.0
-        # A never lost the database: nothing logged about it.
-        assert not any("database unreachable" in line for line in a.log_lines())
+        _assert_logged_once(a, b, during, lines)
 
         # After the outage: the new token works on B, the revoked one stays refused.
         with ControlPlaneClient(b.target, new_beta) as beta:
@@ -311,6 +291,28 @@ def test_an_outage_is_logged_twice_and_a_revocation_before_it_holds_on_every_rep
     finally:
         for client in clients.values():
             client.close()
+
+
+def _assert_logged_once(a: Replica, b: Replica, during: list[str], lines: list[str]) -> None:
+    """B logged the outage once at its start and once at recovery, with a count, and
+    counted it; A, which never lost the database, logged nothing about it."""
+    # At most a few lines for the whole outage: one per loop at its start.
+    assert 1 <= len(during) <= 3, during
+    assert all("Traceback" not in line for line in lines), lines
+    tail_down = [line for line in lines if "tail of the event log: database unreachable" in line]
+    assert len(tail_down) == 1, lines
+    tail_up = [line for line in lines if "tail of the event log: database reachable again" in line]
+    assert len(tail_up) == 1, lines
+    found = re.search(r"after (\d+\.\d) s \((\d+) failed rounds\)", tail_up[0])
+    assert found, tail_up[0]
+    assert float(found.group(1)) >= OUTAGE_S - 0.5
+    assert int(found.group(2)) >= 5  # about OUTAGE_S / TAIL_S rounds failed, logged once
+    assert len(lines) <= 6, lines  # two per loop (tail, snapshot) and some room
+    assert b.metric('cachettl_database_outages_total{loop="tail"}') == 1.0
+    assert b.metric('cachettl_database_failed_rounds_total{loop="tail"}') >= 5
+    assert b.metric("cachettl_database_reachable") == 1.0
+    # A never lost the database: nothing logged about it.
+    assert not any("database unreachable" in line for line in a.log_lines())
 
 
 # -- without servers ---------------------------------------------------------------------
