@@ -112,8 +112,8 @@ class Console:
         """Bind and serve (after the gRPC server started); returns the bound port."""
         if not (VENDOR / "uPlot.iife.min.js").is_file():
             raise ValueError(
-                f"--console: the chart library is missing from {VENDOR}; scripts/setup "
-                "copies it there (uPlot, from the npm registry)"
+                f"--console: the chart library is missing from {VENDOR}; reinstall the "
+                "package (uPlot ships in it; scripts/update-uplot replaces it)"
             )
         servicer = self.server.servicer  # built by start(): the one the RPCs use
         src = Sources(self.server.plane, servicer, History(self.options.history_keep))
