@@ -29,6 +29,7 @@ from sqlalchemy import (
 
 __all__ = [
     "HEAD_REVISION",
+    "log_compactions",
     "metadata",
     "program_ends",
     "program_locations",
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 #: The Alembic revision this code expects.
-HEAD_REVISION = "0007"
+HEAD_REVISION = "0008"
 
 #: BIGINT on PostgreSQL; INTEGER (an alias of the rowid, so autoincrementing) on SQLite.
 _SEQ = BigInteger().with_variant(Integer(), "sqlite")
@@ -138,4 +139,21 @@ program_locations = Table(
     Column("arrived_at", Float, nullable=False),
     Column("seen_at", Float, nullable=False),
     Index("ix_program_locations_seen", "seen_at"),
+)
+
+#: Compactions of the event log (revision 0008; :mod:`controlplane.storage.retention`): the
+#: positions through which rows may be gone, written before anything is deleted.
+log_compactions = Table(
+    "log_compactions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("policy", String(32), nullable=False),
+    Column("tool_seq", BigInteger, nullable=False),
+    Column("end_seq", BigInteger, nullable=False),
+    Column("cutoff", Float, nullable=True),
+    Column("keep_rows", BigInteger, nullable=True),
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=True),
+    Column("tool_rows_deleted", BigInteger, nullable=False, server_default="0"),
+    Column("end_rows_deleted", BigInteger, nullable=False, server_default="0"),
 )
