@@ -41,7 +41,14 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sdist and the wheel built from a clone of HEAD."""
     work = tmp_path_factory.mktemp("clean")
     _run(["git", "clone", "--quiet", "--no-hardlinks", ROOT, work / "src"], work)
-    build = [sys.executable, "-m", "build", "--no-isolation", "--outdir", work / "dist"]
+    build: list[str | Path] = [
+        sys.executable,
+        "-m",
+        "build",
+        "--no-isolation",
+        "--outdir",
+        work / "dist",
+    ]
     _run([*build, work / "src"], work)
     return work / "dist"
 
@@ -58,7 +65,16 @@ def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (Path(purelib.strip()) / "_dependencies.pth").write_text(deps)
     (wheel,) = dist.glob("cachettl_kvserve-*.whl")
-    pip = [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index"]
+    pip: list[str | Path] = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "--no-deps",
+        "--no-index",
+    ]
     _run([*pip, "--quiet", wheel], home.parent)
     return home / "bin"
 
