@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from controlplane.cli.database import add_db, db_url
+from controlplane.cli.database import add_db, db_url, open_error, require_connection
 from controlplane.cli.tenants import register_tenants
 from estimator import DEFAULT_PROFILE, DEFAULT_TTL_CAP_S
 
@@ -88,6 +88,9 @@ def _register_serve(commands: _SubParsers) -> None:
     _add_name_limits(p)
     p.add_argument("--tail-interval", type=float, default=0.5, help="seconds")
     p.add_argument("--snapshot-interval", type=float, default=30.0, help="seconds")
+    from controlplane.cli.compact import add_retention_flags
+
+    add_retention_flags(p)  # --log-retention AGE, --log-retention-rows N, --compact-interval
     p.add_argument("--metrics", default=None, metavar="HOST:PORT", help="Prometheus /metrics")
     p.add_argument("--tls-cert", type=Path, default=None)
     p.add_argument("--tls-key", type=Path, default=None)
@@ -106,6 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from controlplane.errors import StorageError
     from controlplane.learning import NameLimits
     from controlplane.records import Limits
     from controlplane.rpc.server import ServerOptions, TlsFiles, admission_from_args, serve
@@ -135,7 +139,13 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin set-up chatter
     limits = NameLimits(args.max_tools_per_tenant, args.max_signatures_per_tenant)
     budgets, auth = admission_from_args(args)
-    store = create_store(db_url(args))
+    from controlplane.cli.compact import horizon_from_args
+
+    retention = horizon_from_args(args)
+    try:
+        store = create_store(db_url(args))
+    except StorageError as error:  # one line: the database is missing, down or too old
+        raise open_error(db_url(args), error) from None
     plane = ControlPlane(
         store,
         args.policy,
@@ -154,6 +164,8 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_listen=args.metrics,
         budgets=budgets,
         auth=auth,
+        retention=retention,
+        compact_interval_s=args.compact_interval,
     )
     try:
         asyncio.run(_with_console(plane, options, args) if args.console else serve(plane, options))
@@ -179,6 +191,9 @@ def _register_db(commands: _SubParsers) -> None:
     up = sub.add_parser("upgrade", help="upgrade the schema to this version's revision")
     add_db(up)
     up.set_defaults(handler=_db_upgrade)
+    from controlplane.cli.compact import register_compact
+
+    register_compact(sub)  # cachettl db compact --older-than AGE [--dry-run]
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
@@ -190,6 +205,7 @@ def _db_upgrade(args: argparse.Namespace) -> int:
         raise ValueError("--db: memory:// has no schema to upgrade")
     store = SqlStore(url, check_schema=False)
     try:
+        require_connection(store.engine, url)  # a missing database: one line naming createdb
         before, after = upgrade(store.engine)
     finally:
         store.close()
