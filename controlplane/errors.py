@@ -7,6 +7,7 @@ __all__ = [
     "AuthenticationError",
     "ControlPlaneError",
     "InvalidInputError",
+    "LogCompactedError",
     "NotFoundError",
     "OverloadedError",
     "RevokedError",
@@ -54,6 +55,11 @@ class StorageError(ControlPlaneError):
 
 class SchemaOutOfDateError(StorageError):
     """The database schema is older (or newer) than this version of the code expects."""
+
+
+class LogCompactedError(StorageError, ValueError):
+    """The event log was compacted and no stored snapshot this server can restore covers
+    what was deleted: its models cannot be rebuilt (the message says what to do)."""
 
 
 class OverloadedError(ControlPlaneError):

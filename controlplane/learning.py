@@ -26,9 +26,16 @@ from controlplane.errors import OverloadedError
 from controlplane.records import StoredProgramEnd, StoredToolCall, ToolCall
 
 if TYPE_CHECKING:  # light at import: the CLI reads NameLimits' defaults for its flags
+    from controlplane.storage.base import Compaction
     from estimator.hierarchy import DurationHierarchy
 
-__all__ = ["LearningCounters", "NameLimitExceededError", "NameLimits", "check_names"]
+__all__ = [
+    "LearningCounters",
+    "NameLimitExceededError",
+    "NameLimits",
+    "RetentionCounters",
+    "check_names",
+]
 
 log = logging.getLogger(__name__)
 
@@ -164,3 +171,19 @@ class LearningCounters:
     def refused_batch(self, error: NameLimitExceededError) -> None:
         with self._lock:
             self.refused[error.limit] += 1
+
+
+class RetentionCounters:
+    """The log's compactions by one server: how many, the rows they deleted per log, and
+    the latest (its positions, time and the rows kept then)."""
+
+    def __init__(self) -> None:
+        self.compactions = 0
+        self.deleted = {"tool_calls": 0, "program_ends": 0}
+        self.latest: Compaction | None = None
+
+    def counted(self, done: Compaction) -> None:
+        self.compactions += 1
+        self.deleted["tool_calls"] += done.tool_rows_deleted
+        self.deleted["program_ends"] += done.end_rows_deleted
+        self.latest = done

@@ -16,7 +16,14 @@ from itertools import pairwise
 from typing import Any
 
 from controlplane import inspection
-from controlplane.learning import LearningCounters, NameLimitExceededError, NameLimits, check_names
+from controlplane.errors import LogCompactedError
+from controlplane.learning import (
+    LearningCounters,
+    NameLimitExceededError,
+    NameLimits,
+    RetentionCounters,
+    check_names,
+)
 from controlplane.records import (
     AppendResult,
     ProgramEnd,
@@ -35,6 +42,7 @@ from controlplane.snapshots import (
 )
 from controlplane.state import ModelState
 from controlplane.storage import Store, hash_token, new_token
+from controlplane.storage.base import Compaction, Horizon, SnapshotSupersededError
 from estimator import DEFAULT_PROFILE, Decision, RequestFacts, get_policy
 
 __all__ = ["ControlPlane"]
@@ -71,6 +79,7 @@ class ControlPlane:
         self.store = store
         self.name_limits = name_limits or NameLimits()
         self.learning = LearningCounters()  # rows learning skipped, batches refused
+        self.retention = RetentionCounters()  # compactions of the log by this server
         self.policy_name = policy
         self.policy = get_policy(policy, **(policy_params or {}))
         self.min_samples = min_samples
@@ -100,20 +109,42 @@ class ControlPlane:
         return self._lock
 
     def _restore(self) -> ModelState:
-        self.state = ModelState.fresh(self.policy, self.min_samples, self.profile, self.sharing)
-        self.name_limits.apply(self.state.models.durations)
-        record = self.store.latest_snapshot(self.policy_name)
-        if record is not None:
-            restored = _load_snapshot(record.payload)
-            if (
-                restored is not None
-                and restored.reusable_as(self.state)
-                and self.name_limits.holds_for(restored.models.durations)
-            ):  # else: replay the whole log
-                self.state = restored
-                self._snapshot_version = restored.version
+        self.state = self._restored()
         self.catch_up()
         return self.state
+
+    def _restored(self) -> ModelState:
+        """The newest stored snapshot's models if this server can use them, else empty
+        ones (the whole log is replayed). Raises ``LogCompactedError`` if the log was
+        compacted past what those models cover (rows they would need are gone)."""
+        state = ModelState.fresh(self.policy, self.min_samples, self.profile, self.sharing)
+        self.name_limits.apply(state.models.durations)
+        record = self.store.latest_snapshot(self.policy_name)
+        restored = self._usable(record, state) if record is not None else None
+        if restored is not None:
+            state = restored
+            self._snapshot_version = restored.version
+        mark = self.store.log_compaction()
+        if mark is not None and (state.tool_seq < mark.tool_seq or state.end_seq < mark.end_seq):
+            raise LogCompactedError(
+                f"the event log was compacted through positions {mark.tool_seq}/"
+                f"{mark.end_seq} (policy {mark.policy}) and no stored {self.policy_name} "
+                "snapshot this server can use covers them: start it with the settings of "
+                "the servers that wrote the snapshots (--policy, --profile, --min-samples, "
+                "--ttl-cap, the per-tenant name limits), or on a database of its own"
+            )
+        return state
+
+    def _usable(self, record: SnapshotRecord, fresh: ModelState) -> ModelState | None:
+        """``record``'s models if they were built as ``fresh`` would be, else None."""
+        restored = _load_snapshot(record.payload)
+        if (
+            restored is not None
+            and restored.reusable_as(fresh)
+            and self.name_limits.holds_for(restored.models.durations)
+        ):
+            return restored
+        return None
 
     def catch_up(self) -> int:
         """Learn every committed row past the current position; returns how many."""
@@ -123,12 +154,40 @@ class ControlPlane:
     def _catch_up(self) -> int:
         # Under the write lock (positions move only under it): the log is read without the
         # model lock, and learned a slice (LOCK_SLICE_S) per hold of it.
+        # A gap before the first row read may be rows a compaction deleted: if the models
+        # are below its positions, they start again from the snapshot that covers them.
         applied = 0
         while rows := self.store.read_tool_calls(self.state.tool_seq, READ_BATCH):
+            if rows[0].seq > self.state.tool_seq + 1 and self._behind_compaction():
+                continue
             applied += self._learn(self.state.apply_tool_calls, rows)
         while ends := self.store.read_program_ends(self.state.end_seq, READ_BATCH):
+            if ends[0].seq > self.state.end_seq + 1 and self._behind_compaction():
+                continue
             applied += self._learn(self.state.apply_program_ends, ends)
         return applied
+
+    def _behind_compaction(self) -> bool:
+        """If the models are below the latest compaction's positions, replace them with
+        the snapshot's that covers them (under the write lock); whether they were."""
+        mark = self.store.log_compaction()
+        state = self.state
+        if mark is None or (state.tool_seq >= mark.tool_seq and state.end_seq >= mark.end_seq):
+            return False
+        restored = self._restored()
+        with self._lock:
+            self.state = restored
+        log.info(
+            "the log was compacted past this server's models (%d/%d < %d/%d): restored "
+            "them from the snapshot at %d/%d",
+            state.tool_seq,
+            state.end_seq,
+            mark.tool_seq,
+            mark.end_seq,
+            restored.tool_seq,
+            restored.end_seq,
+        )
+        return True
 
     def _learn(self, apply: Callable[[Sequence[Any]], int], rows: Sequence[Any]) -> int:
         """Learn rows in order, :data:`LEARN_CHUNK` at a time, holding the model lock at
@@ -191,9 +250,30 @@ class ControlPlane:
             return False
         payload, tool_seq, end_seq = dumps_off_process(state, self._lock)
         record = SnapshotRecord(self.policy_name, tool_seq, end_seq, self.clock(), payload)
-        self.store.save_snapshot(record)
+        stored = self.store.save_snapshot(record)  # False: below a compaction (lagging)
         self._snapshot_version = tool_seq + end_seq
-        return True
+        return stored
+
+    def compact_log(self, horizon: Horizon, dry_run: bool = False) -> Compaction:
+        """Delete the log's rows beyond ``horizon`` that a snapshot covers: first a
+        snapshot of the models now is stored (durable before any row goes), then the rows
+        the newest stored snapshot covers go, if this server can restore from it
+        (``Store.compact_log``). Counted in ``self.retention``. Raises
+        ``SnapshotSupersededError`` when no such snapshot covers the models' positions
+        (nothing deleted; try again)."""
+        if not dry_run:
+            self.write_snapshot()
+        record = self.store.latest_snapshot(self.policy_name)
+        fresh = ModelState.fresh(self.policy, self.min_samples, self.profile, self.sharing)
+        self.name_limits.apply(fresh.models.durations)
+        if record is None or (not dry_run and self._usable(record, fresh) is None):
+            raise SnapshotSupersededError(
+                f"no stored {self.policy_name} snapshot this server can restore from"
+            )
+        done = self.store.compact_log(record, horizon, self.clock(), dry_run)
+        if not dry_run:
+            self.retention.counted(done)
+        return done
 
     # -- tenants ----------------------------------------------------------------------
 

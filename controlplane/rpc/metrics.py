@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from controlplane.learning import LearningCounters
+    from controlplane.learning import LearningCounters, RetentionCounters
     from controlplane.storage.outages import Outages
 
 __all__ = ["Metrics"]
@@ -63,6 +63,13 @@ class Metrics:
         {loop}``, ``cachettl_database_failed_rounds_total{loop}`` and the gauge
         ``cachettl_database_reachable`` (0 while a loop's outage is open)."""
         self.registry.register(_DatabaseCollector(outages))
+
+    def track_retention(self, counters: RetentionCounters) -> None:
+        """Export the log's compactions by this server: ``cachettl_log_compactions_total``,
+        ``cachettl_log_rows_deleted_total{log}``, and of the latest, the gauges
+        ``cachettl_log_compaction_position{log}``, ``cachettl_log_compaction_timestamp_seconds``
+        and ``cachettl_log_rows_kept{log}`` (rows the log held when it finished)."""
+        self.registry.register(_RetentionCollector(counters))
 
     def track_streams(self, servicer: Any) -> None:
         """Export the pin-coherence counters of ``servicer.coherence`` and the streams its
@@ -149,7 +156,7 @@ class _DatabaseCollector(Collector):
             "Rounds of a background loop that failed",
             labels=["loop"],
         )
-        for loop in ("tail", "snapshot", "listen", "locations"):
+        for loop in ("tail", "snapshot", "compact", "listen", "locations"):
             opened.add_metric([loop], o.opened[loop])
             failed.add_metric([loop], o.failed_rounds[loop])
         yield opened
@@ -158,6 +165,51 @@ class _DatabaseCollector(Collector):
             "cachettl_database_reachable",
             "1 unless a background loop's database outage is open",
             value=1 if o.reachable else 0,
+        )
+
+
+class _RetentionCollector(Collector):
+    def __init__(self, counters: RetentionCounters) -> None:
+        self.counters = counters
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        c = self.counters
+        yield CounterMetricFamily(
+            "cachettl_log_compactions", "Compactions of the event log", value=c.compactions
+        )
+        deleted = CounterMetricFamily(
+            "cachettl_log_rows_deleted",
+            "Event-log rows deleted by compaction (covered by a snapshot, beyond the horizon)",
+            labels=["log"],
+        )
+        for name, count in c.deleted.items():
+            deleted.add_metric([name], count)
+        yield deleted
+        done = c.latest
+        if done is None:
+            return
+        position = GaugeMetricFamily(
+            "cachettl_log_compaction_position",
+            "Log position through which the latest compaction may have deleted rows",
+            labels=["log"],
+        )
+        kept = GaugeMetricFamily(
+            "cachettl_log_rows_kept",
+            "Rows the log held after the latest compaction",
+            labels=["log"],
+        )
+        for name, at, rows in (
+            ("tool_calls", done.tool_seq, done.tool_rows_kept),
+            ("program_ends", done.end_seq, done.end_rows_kept),
+        ):
+            position.add_metric([name], at)
+            kept.add_metric([name], rows)
+        yield position
+        yield kept
+        yield GaugeMetricFamily(
+            "cachettl_log_compaction_timestamp_seconds",
+            "When the latest compaction finished (Unix time)",
+            value=done.finished_at or done.started_at,
         )
 
 

@@ -7,6 +7,9 @@ read), together with the tenants' token changes (so a revocation or rotation rea
 replica's token cache within as long, and an outage that starts afterwards cannot undo it:
 :mod:`controlplane.rpc.auth`), and writes a model snapshot every ``snapshot_interval_s``
 when the models changed (write-behind; a restart loads it and replays only the log's tail).
+With a retention horizon (``retention``) a third loop compacts the log every
+``compact_interval_s``: it stores a snapshot, then deletes the rows it covers beyond the
+horizon (``ControlPlane.compact_log``; counted in ``/metrics``).
 
 A loop whose round fails (the database is down) logs it once, when the first round fails,
 and once when a round succeeds again, with the failed rounds and how long it lasted
@@ -38,6 +41,7 @@ from controlplane.rpc.metrics import Metrics
 from controlplane.rpc.servicer import Servicer, generic_handlers
 from controlplane.service import ControlPlane
 from controlplane.snapshots import MAX_SNAPSHOT_BYTES
+from controlplane.storage.base import Horizon, SnapshotSupersededError
 from controlplane.storage.outages import LoopHealth
 
 __all__ = [
@@ -148,6 +152,10 @@ class ServerOptions:
     limits: Limits = field(default_factory=lambda: LIMITS)
     tls: TlsFiles | None = None
     metrics_listen: str | None = None
+    #: What of the event log is kept (None: everything; no compaction runs), and how
+    #: often the log is compacted to it.
+    retention: Horizon | None = None
+    compact_interval_s: float = 600.0
     #: Connections held at most (None: half of ``RLIMIT_NOFILE``; past it gRPC closes new
     #: ones at once), seconds a connection may take to finish its handshake, and seconds
     #: a connection with no call in flight is kept (then closed with GOAWAY; clients
@@ -238,6 +246,7 @@ class ControlPlaneServer:
         self.metrics = Metrics()
         self.metrics.track_learning(plane.learning)  # rows skipped, batches refused
         self.metrics.track_database(plane.store.outages)
+        self.metrics.track_retention(plane.retention)
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -322,7 +331,29 @@ class ControlPlaneServer:
             asyncio.create_task(self._every(tail_s, self._tail, tail)),
             asyncio.create_task(self._every(snapshot_s, self._snapshot, snapshot)),
         ]
+        if self.options.retention is not None:
+            compact_s = self.options.compact_interval_s
+            compact = outages.loop(
+                "compact", "compaction of the log", log, f"every {compact_s:g} s"
+            )
+            self._tasks.append(asyncio.create_task(self._every(compact_s, self._compact, compact)))
         return self.port
+
+    async def _compact(self) -> None:
+        """One compaction of the log to the retention horizon (a snapshot first)."""
+        assert self.options.retention is not None
+        try:
+            done = await asyncio.to_thread(self.plane.compact_log, self.options.retention)
+        except SnapshotSupersededError as error:  # not an outage: the next round retries
+            log.info("log compaction skipped: %s", error)
+            return
+        log.info(
+            "log compacted through %d/%d: %d tool calls and %d program ends deleted",
+            done.tool_seq,
+            done.end_seq,
+            done.tool_rows_deleted,
+            done.end_rows_deleted,
+        )
 
     async def _tail(self) -> None:
         """One round of the tail: the log's new rows into the models, then the tenants'

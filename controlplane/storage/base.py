@@ -14,6 +14,10 @@ changed nothing.
 Ordering: committed tool calls (and, separately, program ends) get strictly increasing
 positions ``seq``. A reader that has seen every row up to ``seq`` never later finds a new
 row below it (writers commit in ``seq`` order), so tailing the log by position is exact.
+
+Retention: ``compact_log`` deletes rows a stored snapshot covers and that lie beyond a
+``Horizon``; positions are never reused (the newest row of each log is always kept), and
+``log_compaction`` names the positions below which the log may no longer be whole.
 """
 
 from __future__ import annotations
@@ -38,7 +42,17 @@ from controlplane.records import (
 )
 from controlplane.storage.outages import Outages
 
-__all__ = ["SNAPSHOTS_KEPT", "Batch", "Store", "TenantChange", "hash_token", "new_token"]
+__all__ = [
+    "SNAPSHOTS_KEPT",
+    "Batch",
+    "Compaction",
+    "Horizon",
+    "SnapshotSupersededError",
+    "Store",
+    "TenantChange",
+    "hash_token",
+    "new_token",
+]
 
 #: One tenant's batch of tool calls, as a group commit takes it.
 Batch = tuple[Tenant, Sequence[ToolCall]]
@@ -55,6 +69,53 @@ class TenantChange:
     seq: int
     tenant: Tenant
     token_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class Horizon:
+    """What of the event log is kept: rows received within ``max_age_s`` seconds, and each
+    tenant's newest ``max_rows`` rows (per log: tool calls, program ends). A row outside
+    either bound is beyond the horizon (None: no bound of that kind)."""
+
+    max_age_s: float | None = None
+    max_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_age_s is None and self.max_rows is None:
+            raise ValueError("a retention horizon needs an age or a row count")
+        if self.max_age_s is not None and not self.max_age_s >= 0:
+            raise ValueError(f"retention age must be >= 0 seconds, got {self.max_age_s!r}")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ValueError(f"rows kept per tenant must be >= 1, got {self.max_rows!r}")
+
+    def cutoff(self, now: float) -> float | None:
+        """Rows received before this time are beyond the horizon's age (None: no age)."""
+        return None if self.max_age_s is None else now - self.max_age_s
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """One compaction of the log: the snapshot positions it covers (rows at or below them
+    may be gone), the horizon's ``cutoff`` time and ``keep_rows``, when it started and
+    finished (None: not finished, or a dry run), and the rows it deleted (a dry run: would
+    delete) and kept."""
+
+    policy: str
+    tool_seq: int
+    end_seq: int
+    cutoff: float | None
+    keep_rows: int | None
+    started_at: float
+    finished_at: float | None = None
+    tool_rows_deleted: int = 0
+    end_rows_deleted: int = 0
+    tool_rows_kept: int = 0
+    end_rows_kept: int = 0
+
+
+class SnapshotSupersededError(RuntimeError):
+    """The newest stored snapshot no longer covers the positions to compact (a lagging
+    server stored an older one meanwhile): nothing was deleted; the next round retries."""
 
 
 def new_token() -> str:
@@ -154,6 +215,32 @@ class Store(ABC):
     def count_tool_calls(self, tenant: str | None = None) -> int:
         """Committed tool calls (of one tenant, or all)."""
 
+    @abstractmethod
+    def log_rows(self) -> tuple[int, int]:
+        """Rows the log holds now: (tool calls, program ends)."""
+
+    # -- retention --------------------------------------------------------------------
+
+    @abstractmethod
+    def compact_log(
+        self, snapshot: SnapshotRecord, horizon: Horizon, now: float, dry_run: bool = False
+    ) -> Compaction:
+        """Delete the rows ``snapshot`` (a stored, restorable snapshot) covers that are
+        beyond ``horizon`` at time ``now``; returns what was done (``dry_run``: what would
+        be deleted, nothing changed).
+
+        The compaction's record (``log_compaction``) is committed before the first row is
+        deleted; rows go in short transactions of their own, so writers wait for one batch
+        at a time. A row above the snapshot's positions is never deleted, nor the newest
+        row of either log (positions are never reused). A compaction interrupted (a crash)
+        leaves some of its rows; the next one deletes them.
+        """
+
+    @abstractmethod
+    def log_compaction(self) -> Compaction | None:
+        """The latest compaction (its positions never decrease), or None: the log is
+        whole. Rows at or below its positions may be gone."""
+
     # -- returning turns --------------------------------------------------------------
 
     @abstractmethod
@@ -179,8 +266,10 @@ class Store(ABC):
     # -- snapshots --------------------------------------------------------------------
 
     @abstractmethod
-    def save_snapshot(self, snapshot: SnapshotRecord) -> None:
-        """Store a model snapshot (keeps the newest ``SNAPSHOTS_KEPT`` per policy)."""
+    def save_snapshot(self, snapshot: SnapshotRecord) -> bool:
+        """Store a model snapshot (keeps the newest ``SNAPSHOTS_KEPT`` per policy); False,
+        nothing stored, if it is below the latest compaction's positions (it could not be
+        restored: rows it would need are gone)."""
 
     @abstractmethod
     def latest_snapshot(self, policy: str) -> SnapshotRecord | None:

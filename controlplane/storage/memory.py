@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -17,7 +19,15 @@ from controlplane.records import (
     StoredToolCall,
     Tenant,
 )
-from controlplane.storage.base import SNAPSHOTS_KEPT, Batch, Store, TenantChange
+from controlplane.storage.base import (
+    SNAPSHOTS_KEPT,
+    Batch,
+    Compaction,
+    Horizon,
+    SnapshotSupersededError,
+    Store,
+    TenantChange,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -35,6 +45,9 @@ class MemoryStore(Store):
         self._end_ids: set[tuple[int, str, float | None]] = set()
         self._snapshots: dict[str, list[SnapshotRecord]] = {}
         self._auth_seq: dict[str, int] = {}  # tenant name -> position of its token change
+        self._received: dict[tuple[str, int], float] = {}  # (log, seq) -> received at
+        self._last = {"calls": 0, "ends": 0}  # the highest position drawn, per log
+        self._compactions: list[Compaction] = []
 
     def create_tenant(self, name: str, share: bool, token_hash: str, now: float) -> Tenant:
         with self._lock:
@@ -99,7 +112,7 @@ class MemoryStore(Store):
                     if key in self._event_ids:
                         continue
                     self._event_ids.add(key)
-                    seqs.append(len(self._calls) + 1)
+                    seqs.append(self._next("calls"))
                     self._calls.append(StoredToolCall(seqs[-1], tenant.name, tenant.share, call))
                 results.append(AppendResult(tuple(seqs), len(calls) - len(seqs)))
         return results
@@ -110,23 +123,93 @@ class MemoryStore(Store):
             if key in self._end_ids:
                 return None
             self._end_ids.add(key)
-            seq = len(self._ends) + 1
+            seq = self._next("ends")
             self._ends.append(StoredProgramEnd(seq, tenant.name, end))
             return seq
+
+    def _next(self, log: str) -> int:
+        """Draw the next position of ``log`` (under the lock)."""
+        self._last[log] += 1
+        self._received[(log, self._last[log])] = time.time()
+        return self._last[log]
 
     def read_tool_calls(
         self, after_seq: int, limit: int, tenant: str | None = None
     ) -> list[StoredToolCall]:
         with self._lock:
-            rows = self._calls[max(after_seq, 0) :]
+            rows = self._calls[bisect.bisect_right(self._calls, after_seq, key=_seq) :]
         return [r for r in rows if tenant is None or r.tenant == tenant][:limit]
 
     def read_program_ends(
         self, after_seq: int, limit: int, tenant: str | None = None
     ) -> list[StoredProgramEnd]:
         with self._lock:
-            rows = self._ends[max(after_seq, 0) :]
+            rows = self._ends[bisect.bisect_right(self._ends, after_seq, key=_seq) :]
         return [r for r in rows if tenant is None or r.tenant == tenant][:limit]
+
+    def log_rows(self) -> tuple[int, int]:
+        with self._lock:
+            return len(self._calls), len(self._ends)
+
+    def compact_log(
+        self, snapshot: SnapshotRecord, horizon: Horizon, now: float, dry_run: bool = False
+    ) -> Compaction:
+        cutoff = horizon.cutoff(now)
+        with self._lock:
+            if not dry_run:
+                kept = self._snapshots.get(snapshot.policy) or [snapshot]
+                newest = kept[-1]
+                if newest.tool_seq < snapshot.tool_seq or newest.end_seq < snapshot.end_seq:
+                    raise SnapshotSupersededError("the newest snapshot is below the positions")
+            logs = {
+                "calls": (self._calls, snapshot.tool_seq),
+                "ends": (self._ends, snapshot.end_seq),
+            }
+            deleted = {}
+            for log, (rows, position) in logs.items():
+                gone = self._beyond(log, rows, min(position, self._last[log] - 1), horizon, cutoff)
+                deleted[log] = len(gone)
+                if not dry_run:
+                    rows[:] = [r for r in rows if r.seq not in gone]
+            done = Compaction(
+                snapshot.policy,
+                snapshot.tool_seq,
+                snapshot.end_seq,
+                cutoff,
+                horizon.max_rows,
+                now,
+                None if dry_run else time.time(),
+                deleted["calls"],
+                deleted["ends"],
+                len(self._calls) - (deleted["calls"] if dry_run else 0),
+                len(self._ends) - (deleted["ends"] if dry_run else 0),
+            )
+            if not dry_run:
+                self._compactions.append(done)
+            return done
+
+    def _beyond(
+        self,
+        log: str,
+        rows: Sequence[StoredToolCall | StoredProgramEnd],
+        bound: int,
+        horizon: Horizon,
+        cutoff: float | None,
+    ) -> set[int]:
+        """Positions of ``rows`` at or below ``bound`` beyond the horizon (under the lock)."""
+        newest: dict[str, int] = {}  # tenant -> rows seen, newest first
+        gone = set()
+        for row in reversed(rows):
+            n = newest[row.tenant] = newest.get(row.tenant, 0) + 1
+            old = cutoff is not None and self._received[(log, row.seq)] < cutoff
+            many = horizon.max_rows is not None and n > horizon.max_rows
+            if row.seq <= bound and (old or many):
+                gone.add(row.seq)
+        return gone
+
+    def log_compaction(self) -> Compaction | None:
+        with self._lock:
+            return self._compactions[-1] if self._compactions else None
 
     def count_tool_calls(self, tenant: str | None = None) -> int:
         with self._lock:
@@ -168,13 +251,23 @@ class MemoryStore(Store):
         ]
         return values[:limit]
 
-    def save_snapshot(self, snapshot: SnapshotRecord) -> None:
+    def save_snapshot(self, snapshot: SnapshotRecord) -> bool:
         with self._lock:
+            mark = self._compactions[-1] if self._compactions else None
+            if mark is not None and (
+                snapshot.tool_seq < mark.tool_seq or snapshot.end_seq < mark.end_seq
+            ):
+                return False
             kept = self._snapshots.setdefault(snapshot.policy, [])
             kept.append(snapshot)
             del kept[:-SNAPSHOTS_KEPT]
+            return True
 
     def latest_snapshot(self, policy: str) -> SnapshotRecord | None:
         with self._lock:
             kept = self._snapshots.get(policy)
             return kept[-1] if kept else None
+
+
+def _seq(row: StoredToolCall | StoredProgramEnd) -> int:
+    return row.seq

@@ -41,8 +41,16 @@ from controlplane.records import (
     ToolCall,
     TurnCache,
 )
-from controlplane.storage.base import SNAPSHOTS_KEPT, Batch, Store, TenantChange
-from controlplane.storage.migrate import check_schema
+from controlplane.storage import retention
+from controlplane.storage.base import (
+    SNAPSHOTS_KEPT,
+    Batch,
+    Compaction,
+    Horizon,
+    Store,
+    TenantChange,
+)
+from controlplane.storage.migrate import check_schema as _check_schema
 from controlplane.storage.schema import program_ends, snapshots, tenants, tool_events
 
 __all__ = ["SqlStore", "autocommit", "make_engine", "transaction"]
@@ -315,7 +323,8 @@ class SqlStore(Store):
         self.url = url
         self.engine = make_engine(url)
         if check_schema:
-            _check(self.engine, url)
+            with _translated():  # driver errors as StorageError
+                _check_schema(self.engine, url)
 
     # -- tenants ----------------------------------------------------------------------
 
@@ -486,6 +495,20 @@ class SqlStore(Store):
                 for r in c.execute(query)
             ]
 
+    def log_rows(self) -> tuple[int, int]:
+        with transaction(self.engine) as c:
+            return retention.rows(c)
+
+    def compact_log(
+        self, snapshot: SnapshotRecord, horizon: Horizon, now: float, dry_run: bool = False
+    ) -> Compaction:
+        with _translated():
+            return retention.compact(self.engine, snapshot, horizon, now, dry_run)
+
+    def log_compaction(self) -> Compaction | None:
+        with transaction(self.engine) as c:
+            return retention.latest(c)
+
     def count_tool_calls(self, tenant: str | None = None) -> int:
         query = select(func.count()).select_from(tool_events)
         if tenant is not None:
@@ -533,7 +556,7 @@ class SqlStore(Store):
 
     # -- snapshots --------------------------------------------------------------------
 
-    def save_snapshot(self, snapshot: SnapshotRecord) -> None:
+    def save_snapshot(self, snapshot: SnapshotRecord) -> bool:
         values = {
             "policy": snapshot.policy,
             "tool_seq": snapshot.tool_seq,
@@ -542,6 +565,8 @@ class SqlStore(Store):
             "payload": snapshot.payload,
         }
         with transaction(self.engine, write=True) as c:
+            if retention.below_latest(c, snapshot.tool_seq, snapshot.end_seq):
+                return False
             c.execute(insert(snapshots).values(values))
             old = (
                 select(snapshots.c.id)
@@ -552,6 +577,7 @@ class SqlStore(Store):
             stale = list(c.execute(old).scalars())
             if stale:
                 c.execute(snapshots.delete().where(snapshots.c.id.in_(stale)))
+        return True
 
     def latest_snapshot(self, policy: str) -> SnapshotRecord | None:
         query = (
@@ -568,12 +594,3 @@ class SqlStore(Store):
 
     def close(self) -> None:
         self.engine.dispose()
-
-
-def _check(engine: Engine, url: str) -> None:
-    try:
-        check_schema(engine, url)
-    except SQLAlchemyError as error:
-        raise StorageError(
-            clip(f"database error: {getattr(error, 'orig', None) or error}")
-        ) from error
