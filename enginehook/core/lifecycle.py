@@ -22,7 +22,7 @@ waiting queue asks of it (the rules in force, the sort key, program-level admiss
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Generic, TypeVar
 
@@ -191,7 +191,7 @@ class PinController(QueueOrder, Generic[H]):
             basis=decision.basis,
             handle=handle,
             program_arrival=self.arrivals.first(program, now),
-            waiting_programs=self.host.waiting_programs() if over else (),
+            waiting_programs=self._waiting_programs() if over else (),
         )
         tracker.turn_finished(
             program,
@@ -293,7 +293,18 @@ class PinController(QueueOrder, Generic[H]):
         """Release the pins past their expiry whose program has no request waiting."""
         if not self.pins.due(now):
             return []
-        return [pin for pin, _ in self.pins.expire(now, self.host.waiting_programs())]
+        return [pin for pin, _ in self.pins.expire(now, self._waiting_programs())]
+
+    def _waiting_programs(self) -> Collection[str]:
+        """Programs whose waiting request the engine may admit: a request the program-level
+        admission holds does not keep its program's pin past expiry or out of pressure's
+        reach (the admission decided that program waits; its pin would hold KV for a turn
+        that cannot come)."""
+        waiting = self.host.waiting_programs()
+        admission = self.admission
+        if admission is None or not waiting:
+            return waiting
+        return {p for p in waiting if not admission.held(p)}
 
     def relieve(
         self,
@@ -335,7 +346,7 @@ class PinController(QueueOrder, Generic[H]):
                 )
             ):
                 return 0
-            waiting = self.host.waiting_programs()
+            waiting = self._waiting_programs()
             pins = [
                 p
                 for p in pins
@@ -346,7 +357,7 @@ class PinController(QueueOrder, Generic[H]):
             if not pins:
                 return 0
         released = 0
-        for victim in self._victims(pins, needed_blocks, now, self.host.waiting_programs()):
+        for victim in self._victims(pins, needed_blocks, now, self._waiting_programs()):
             self.pins.release(victim.program_id, ReleaseReason.PRESSURE)
             released += 1
             if fits is not None and fits():
