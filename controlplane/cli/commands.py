@@ -63,6 +63,9 @@ def register(commands: _SubParsers, bench: _SubParsers) -> None:
 
 def _register_serve(commands: _SubParsers) -> None:
     p = commands.add_parser("serve", help="run the control-plane gRPC server")
+    from controlplane.cli.configfile import add_config_flag
+
+    add_config_flag(p)  # --config FILE: every flag below is a key of the file
     add_db(p)
     p.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT")
     p.add_argument("--policy", choices=POLICY_CHOICES, default="cachettl")
@@ -112,7 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
     from controlplane.errors import StorageError
     from controlplane.learning import NameLimits
     from controlplane.records import Limits
-    from controlplane.rpc.server import ServerOptions, TlsFiles, admission_from_args, serve
+    from controlplane.rpc.server import ServerOptions, admission_from_args, serve
     from controlplane.service import ControlPlane
     from controlplane.storage import create_store
 
@@ -121,17 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if not 0 < args.max_duration <= 30 * 86400:
         raise ValueError("--max-duration must be in (0, 2592000] seconds")
-    tls = None
-    if args.tls_cert or args.tls_key or args.tls_client_ca:
-        if args.tls_client_ca and not (args.tls_cert or args.tls_key):
-            raise ValueError(
-                "--tls-client-ca requires --tls-cert and --tls-key (mutual TLS); refusing "
-                "to start a plaintext server that asks no client certificate"
-            )
-        if not (args.tls_cert and args.tls_key):
-            raise ValueError("--tls-cert and --tls-key go together")
-        tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
-        tls.credentials()  # a missing or bad file: one line naming the flag, before binding
+    tls = _tls_files(args)
     from estimator import get_profile
 
     get_profile(args.profile)  # ValueError naming the valid profiles
@@ -139,9 +132,9 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin set-up chatter
     limits = NameLimits(args.max_tools_per_tenant, args.max_signatures_per_tenant)
     budgets, auth = admission_from_args(args)
-    from controlplane.cli.compact import horizon_from_args
+    from controlplane.cli.compact import retention_options
 
-    retention = horizon_from_args(args)
+    retention = retention_options(args)  # --log-retention: the horizon and interval
     try:
         store = create_store(db_url(args))
     except StorageError as error:  # one line: the database is missing, down or too old
@@ -164,14 +157,32 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_listen=args.metrics,
         budgets=budgets,
         auth=auth,
-        retention=retention,
-        compact_interval_s=args.compact_interval,
+        **retention,
     )
     try:
         asyncio.run(_with_console(plane, options, args) if args.console else serve(plane, options))
     finally:
         store.close()
     return 0
+
+
+def _tls_files(args: argparse.Namespace) -> Any:
+    """The server's ``TlsFiles`` of the TLS flags (None: plaintext); ValueError naming a
+    flag that is missing or a file that is bad."""
+    from controlplane.rpc.server import TlsFiles
+
+    if not (args.tls_cert or args.tls_key or args.tls_client_ca):
+        return None
+    if args.tls_client_ca and not (args.tls_cert or args.tls_key):
+        raise ValueError(
+            "--tls-client-ca requires --tls-cert and --tls-key (mutual TLS); refusing "
+            "to start a plaintext server that asks no client certificate"
+        )
+    if not (args.tls_cert and args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+    tls.credentials()  # a missing or bad file: one line naming the flag, before binding
+    return tls
 
 
 def _with_console(plane: Any, options: Any, args: argparse.Namespace) -> Any:

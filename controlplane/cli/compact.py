@@ -15,7 +15,13 @@ from typing import Any
 
 from controlplane.cli.database import add_db, db_url
 
-__all__ = ["add_retention_flags", "horizon_from_args", "parse_age", "register_compact"]
+__all__ = [
+    "add_retention_flags",
+    "horizon_from_args",
+    "parse_age",
+    "register_compact",
+    "retention_options",
+]
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -72,6 +78,12 @@ def horizon_from_args(args: argparse.Namespace) -> Any:
         return Horizon(args.log_retention, args.log_retention_rows)
     except ValueError as error:
         raise ValueError(f"--log-retention: {error}") from None
+
+
+def retention_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``ServerOptions`` fields of the retention flags: ``retention`` (None: off) and
+    ``compact_interval_s``."""
+    return {"retention": horizon_from_args(args), "compact_interval_s": args.compact_interval}
 
 
 def register_compact(db: Any) -> None:

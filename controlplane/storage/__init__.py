@@ -4,6 +4,9 @@ factory that picks one from a URL.
 - :mod:`controlplane.storage.base`: the ``Store`` contract every backend meets;
 - :mod:`controlplane.storage.memory`: ``MemoryStore`` (tests, ``memory://``);
 - :mod:`controlplane.storage.sql`: ``SqlStore`` on SQLite (the embedded default) or PostgreSQL;
+  :mod:`controlplane.storage.transactions`, its one transaction helper;
+- :mod:`controlplane.storage.retention`: compaction of the SQL event log to a retention
+  horizon (what a snapshot covers beyond it is deleted);
 - :mod:`controlplane.storage.locations`: on PostgreSQL, the program locations that pin
   coherence shares between replicas, and the moves they publish (``NOTIFY``);
 - :mod:`controlplane.storage.schema`, :mod:`controlplane.storage.migrate`: the tables and their

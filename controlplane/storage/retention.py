@@ -27,7 +27,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, and_, delete, func, insert, or_, select, update
 
-import controlplane.storage.sql as sql  # its functions only at call time (sql imports this)
 from controlplane.records import SnapshotRecord
 from controlplane.storage.base import Compaction, Horizon, SnapshotSupersededError
 from controlplane.storage.schema import (
@@ -37,6 +36,7 @@ from controlplane.storage.schema import (
     tenants,
     tool_events,
 )
+from controlplane.storage.transactions import transaction
 
 __all__ = ["BATCH", "SnapshotSupersededError", "below_latest", "compact", "latest", "rows"]
 
@@ -92,7 +92,7 @@ def compact(
     if mark_id is not None:
         finished = time.time()
         counts = {"tool_rows_deleted": tool_deleted, "end_rows_deleted": end_deleted}
-        with sql.transaction(engine, write=True) as c:
+        with transaction(engine, write=True) as c:
             c.execute(
                 update(log_compactions)
                 .where(log_compactions.c.id == mark_id)
@@ -121,7 +121,7 @@ def _mark(engine: Engine, record: Compaction) -> int:
         .order_by(snapshots.c.id.desc())
         .limit(1)
     )
-    with sql.transaction(engine, write=True) as c:
+    with transaction(engine, write=True) as c:
         stored = c.execute(newest).first()
         if stored is None or stored.tool_seq < record.tool_seq or stored.end_seq < record.end_seq:
             raise SnapshotSupersededError(
@@ -148,7 +148,7 @@ def _prune(
 ) -> tuple[int, int]:
     """Delete (count, in a dry run) one log's rows beyond the horizon at or below
     ``position``; returns (rows deleted, rows kept)."""
-    with sql.transaction(engine) as c:
+    with transaction(engine) as c:
         top = c.execute(select(func.max(table.c.seq))).scalar()
         tenant_ids = list(c.execute(select(tenants.c.id).order_by(tenants.c.id)).scalars())
     deleted = 0
@@ -160,7 +160,7 @@ def _prune(
                 continue
             where = and_(table.c.tenant_id == tenant_id, table.c.seq <= bound, beyond)
             deleted += _count(engine, table, where) if dry_run else _delete(engine, table, where)
-    with sql.transaction(engine) as c:
+    with transaction(engine) as c:
         total = int(c.execute(select(func.count()).select_from(table)).scalar_one())
     return deleted, total - deleted if dry_run else total
 
@@ -181,7 +181,7 @@ def _beyond(engine: Engine, table: Table, tenant_id: int, horizon: Horizon, now:
             .offset(horizon.max_rows)
             .limit(1)
         )
-        with sql.transaction(engine) as c:
+        with transaction(engine) as c:
             seq = c.execute(edge).scalar()
         if seq is not None:
             parts.append(table.c.seq <= int(seq))
@@ -189,7 +189,7 @@ def _beyond(engine: Engine, table: Table, tenant_id: int, horizon: Horizon, now:
 
 
 def _count(engine: Engine, table: Table, where: Any) -> int:
-    with sql.transaction(engine) as c:
+    with transaction(engine) as c:
         return int(c.execute(select(func.count()).select_from(table).where(where)).scalar_one())
 
 
@@ -201,7 +201,7 @@ def _delete(engine: Engine, table: Table, where: Any) -> int:
     total = 0
     while True:
         chosen = select(table.c.seq).where(where).order_by(table.c.seq).limit(BATCH)
-        with sql.transaction(engine, write=write) as c:
+        with transaction(engine, write=write) as c:
             n = c.execute(delete(table).where(table.c.seq.in_(chosen))).rowcount
         total += n
         if n < BATCH:

@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, insert, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DataError, DisconnectionError, SQLAlchemyError
+from sqlalchemy.exc import DisconnectionError
 
 from controlplane.errors import (
-    InvalidInputError,
-    StorageError,
     TenantExistsError,
     TenantNotFoundError,
-    clip,
 )
 from controlplane.kvhints import quote
 from controlplane.records import (
@@ -52,6 +48,7 @@ from controlplane.storage.base import (
 )
 from controlplane.storage.migrate import check_schema as _check_schema
 from controlplane.storage.schema import program_ends, snapshots, tenants, tool_events
+from controlplane.storage.transactions import LOG_LOCK, autocommit, transaction, translated
 
 __all__ = ["SqlStore", "autocommit", "make_engine", "transaction"]
 
@@ -59,8 +56,6 @@ __all__ = ["SqlStore", "autocommit", "make_engine", "transaction"]
 BUSY_TIMEOUT_S = 10.0
 #: A pooled PostgreSQL connection idle this long is checked before use.
 PING_IDLE_S = 1.0
-#: Key of the PostgreSQL advisory lock that orders log writers.
-_LOG_LOCK = 0x0CAC4E77
 
 
 def normalize_url(url: str) -> str:
@@ -127,47 +122,6 @@ def _ping_when_idle(engine: Engine) -> None:
             raise DisconnectionError(str(error)) from error
 
 
-@contextmanager
-def transaction(engine: Engine, write: bool = False) -> Iterator[Connection]:
-    """One transaction: commits on success, rolls back on error, always closes.
-
-    Driver errors come out as ``StorageError``, except a value the database cannot hold
-    (out of range, too long, ...): that is the request's fault, never worth a retry, and
-    comes out as ``InvalidInputError``. The body's own exceptions pass through. On
-    PostgreSQL a write transaction first takes the log's advisory lock.
-    """
-    with _translated(), engine.connect() as connection:
-        if write:
-            connection.execution_options(cachettl_write=True)
-        with connection.begin():
-            if write and engine.dialect.name == "postgresql":
-                connection.execute(select(func.pg_advisory_xact_lock(_LOG_LOCK)))
-            yield connection
-
-
-@contextmanager
-def autocommit(engine: Engine) -> Iterator[Connection]:
-    """A connection whose every statement is a transaction of its own (PostgreSQL's
-    autocommit; committed, durably, when the statement returns), errors translated as
-    by ``transaction``."""
-    with _translated(), engine.connect() as connection:
-        yield connection.execution_options(isolation_level="AUTOCOMMIT")
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Driver errors as ``transaction`` documents them."""
-    try:
-        yield
-    except (DataError, OverflowError) as error:  # OverflowError: sqlite3 and huge ints
-        original = getattr(error, "orig", None) or error
-        message = clip(f"holds a value the database cannot store: {original}")
-        raise InvalidInputError("request", message) from error
-    except SQLAlchemyError as error:
-        original = getattr(error, "orig", None)
-        raise StorageError(clip(f"database error: {original or error}")) from error
-
-
 _COLUMNS = (
     "tenant_id",
     "event_id",
@@ -221,7 +175,7 @@ _ARRAY_COLUMNS = {
 #: ids are skipped by the unique constraint; positions come back in the rows' order.
 _PG_ARRAYS = {"tenant_id": "INTEGER", "shared": "BOOLEAN", **_ARRAY_COLUMNS}
 _PG_INSERT = (
-    f"WITH log_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock({_LOG_LOCK})) "
+    f"WITH log_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock({LOG_LOCK})) "
     f"INSERT INTO tool_events (received_at, {', '.join(_PG_ARRAYS)}) "
     "SELECT %(now)s, u.* FROM unnest("
     + ", ".join(f"CAST(%({k})s AS {t}[])" for k, t in _PG_ARRAYS.items())
@@ -323,7 +277,7 @@ class SqlStore(Store):
         self.url = url
         self.engine = make_engine(url)
         if check_schema:
-            with _translated():  # driver errors as StorageError
+            with translated():  # driver errors as StorageError
                 _check_schema(self.engine, url)
 
     # -- tenants ----------------------------------------------------------------------
@@ -502,7 +456,7 @@ class SqlStore(Store):
     def compact_log(
         self, snapshot: SnapshotRecord, horizon: Horizon, now: float, dry_run: bool = False
     ) -> Compaction:
-        with _translated():
+        with translated():
             return retention.compact(self.engine, snapshot, horizon, now, dry_run)
 
     def log_compaction(self) -> Compaction | None:
