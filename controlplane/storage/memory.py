@@ -170,6 +170,7 @@ class MemoryStore(Store):
                 gone = self._beyond(log, rows, min(position, self._last[log] - 1), horizon, cutoff)
                 deleted[log] = len(gone)
                 if not dry_run:
+                    self._forget_ids([r for r in rows if r.seq in gone])
                     rows[:] = [r for r in rows if r.seq not in gone]
             done = Compaction(
                 snapshot.policy,
@@ -187,6 +188,15 @@ class MemoryStore(Store):
             if not dry_run:
                 self._compactions.append(done)
             return done
+
+    def _forget_ids(self, rows: Sequence[StoredToolCall | StoredProgramEnd]) -> None:
+        """Deleted rows are no longer repeats of anything, as in SQL (under the lock)."""
+        for row in rows:
+            tenant_id = self._tenants[row.tenant].id
+            if isinstance(row, StoredToolCall):
+                self._event_ids.discard((tenant_id, row.call.event_id))
+            else:
+                self._end_ids.discard((tenant_id, row.end.program_id, row.end.finished_at))
 
     def _beyond(
         self,

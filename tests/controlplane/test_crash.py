@@ -21,6 +21,7 @@ from controlplane.rpc.client import ControlPlaneClient, ToolCall
 from controlplane.service import ControlPlane
 from controlplane.state import ModelState
 from controlplane.storage import create_store
+from tests.support import same_models
 
 TOOLS = ("bash", "grep", "python", "edit", "search")
 BATCHES, PER_BATCH, WRITERS = 100, 100, 4
@@ -82,17 +83,6 @@ def _ingest(target: str, token: str, batches: list[list[ToolCall]], acked: set[s
         t.join()
 
 
-def _same_models(a: ModelState, b: ModelState) -> None:
-    assert (a.tool_seq, a.end_seq, a.tool_calls) == (b.tool_seq, b.end_seq, b.tool_calls)
-    keys_a = dict(a.models.durations.items())
-    keys_b = dict(b.models.durations.items())
-    assert keys_a.keys() == keys_b.keys()
-    for key, model in keys_a.items():
-        other = keys_b[key]
-        assert (model.n_seen, model.drift_epoch) == (other.n_seen, other.drift_epoch), key
-        assert np.array_equal(model.recent_samples(), other.recent_samples()), key
-
-
 def test_sigkill_mid_ingest_loses_no_acknowledged_event(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'crash.sqlite3'}"
     setup = create_store(url)
@@ -123,7 +113,7 @@ def test_sigkill_mid_ingest_loses_no_acknowledged_event(tmp_path: Path) -> None:
         restored = ControlPlane(stored, min_samples=10)  # what a restart does
         replay = ModelState.fresh(restored.policy, min_samples=10)
         replay.apply_tool_calls(rows)
-        _same_models(restored.state, replay)
+        same_models(restored.state, replay)
         served = client.tool_distribution("bash", cdf_points=1000)
         view = restored.tool_distribution("acme", "bash", points=1000)
         assert view is not None

@@ -8,6 +8,7 @@ and through a real server and ``ControlPlaneClient``, reading back from the stor
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -24,6 +25,7 @@ from controlplane.records import (
 from controlplane.rpc.client import ControlPlaneClient
 from controlplane.service import ControlPlane
 from controlplane.storage import SNAPSHOTS_KEPT, Store, hash_token
+from controlplane.storage.base import Horizon
 from tests.support import running
 
 BACKENDS = ["memory", "sqlite", "postgres"]
@@ -134,6 +136,43 @@ class TestStoreContract:
         latest = store.latest_snapshot("cachettl")
         assert latest is not None
         assert (latest.tool_seq, latest.payload) == (SNAPSHOTS_KEPT + 1, bytes([3]))
+
+    def test_compaction_deletes_only_what_a_snapshot_covers_beyond_the_horizon(
+        self, store: Store
+    ) -> None:
+        acme, beta = make_tenant(store), make_tenant(store, "beta")
+        a = store.append_tool_calls(acme, [call(f"a{i}") for i in range(6)]).seqs
+        b = store.append_tool_calls(beta, [call(f"b{i}") for i in range(3)]).seqs
+        ends = [store.append_program_end(acme, ProgramEnd(f"p{i}", 2, float(i))) for i in range(4)]
+        late = store.append_tool_calls(acme, [call("a-late")]).seqs  # above the snapshot
+        covered = SnapshotRecord("cachettl", b[-1], ends[-1] or 0, 1.0, b"state")
+        assert store.save_snapshot(covered)
+        assert store.log_compaction() is None
+        horizon = Horizon(max_rows=2)  # each tenant's newest 2 rows per log are kept
+        dry = store.compact_log(covered, horizon, now=2.0, dry_run=True)
+        assert (dry.tool_rows_deleted, dry.end_rows_deleted) == (6, 2)
+        assert store.log_rows() == (10, 4)
+        assert store.log_compaction() is None
+        done = store.compact_log(covered, horizon, now=2.0)
+        assert (done.tool_rows_deleted, done.end_rows_deleted) == (6, 2)
+        assert (done.tool_rows_kept, done.end_rows_kept) == (4, 2)
+        kept = [r.seq for r in store.read_tool_calls(0, 100)]
+        assert kept == [a[5], b[1], b[2], *late]  # each tenant's newest 2, and a-late
+        assert [r.seq for r in store.read_program_ends(0, 100)] == ends[2:]
+        mark = store.log_compaction()
+        assert mark is not None
+        assert (mark.tool_seq, mark.end_seq) == (b[-1], ends[-1])
+        assert (mark.tool_rows_deleted, mark.end_rows_deleted) == (6, 2)
+        # a snapshot below the compaction could not be restored: it is not stored
+        assert not store.save_snapshot(SnapshotRecord("cachettl", a[0], 1, 3.0, b"old"))
+        assert store.latest_snapshot("cachettl") == covered
+        # everything beyond an age of 0 s: every covered row goes, the newest row stays,
+        # and positions keep increasing
+        store.compact_log(covered, Horizon(max_age_s=0.0), now=time.time() + 1)
+        assert [r.seq for r in store.read_tool_calls(0, 100)] == list(late)
+        assert store.append_tool_calls(acme, [call("a-next")]).seqs == (late[0] + 1,)
+        again = store.append_tool_calls(acme, [call("a0")])  # a pruned id is new again
+        assert again.seqs == (late[0] + 2,)
 
     def test_concurrent_writers_get_distinct_ordered_positions(self, store: Store) -> None:
         acme = make_tenant(store)
