@@ -6,7 +6,9 @@ knob (a :class:`enginehook.core.rules.SchedulingRules` field, by default
 ``first_turn_head_start_s``) swept over a list of values, then one fairer point
 (``--fair-end``, by default new programs ahead of pinned returning turns too). A peer's
 point is *covered* when some point of the curve is at or below it on both axes (no longer
-a wait, no longer a mean JCT). Writes ``OUT.md`` (a table per workload and load, with
+a wait, no longer a mean JCT) on the means over the seeds, and *covered within noise* when
+some point's paired verdicts over the seeds (``cachettl bench seeds``'s) are not *worse*
+on either axis. Writes ``OUT.md`` (a table per workload and load, with
 the covered column), ``OUT.json`` and ``OUT.png`` (one panel per workload and load).
 """
 
@@ -14,18 +16,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from enginehook.core.rules import SchedulingRules
+from simulator.studies.seeds import paired
 from simulator.studies.study import PEERS, WORKLOADS, Study, output_path, study_arguments
 
-__all__ = ["FAIR_END", "POINTS", "covered", "register"]
+__all__ = ["FAIR_END", "POINTS", "covered", "covered_within_noise", "register"]
 
 #: The curve's fairest point: new programs' first turns ahead of pinned returning turns too.
 FAIR_END = "first_turn_over_pins=1"
+
+#: Seeds below which no paired verdict is called (a sign test over 5 seeds never reaches
+#: p < 0.05), so the within-noise column says so instead.
+MIN_VERDICT_SEEDS = 6
 
 #: Every policy drawn as a point.
 POINTS = ("vllm", "autellix", "continuum-preview", "continuum", *PEERS)
@@ -106,10 +114,11 @@ def _frontier(args: argparse.Namespace) -> int:
     for name in names:
         rate = study.rate(name)
         for factor in loads:
-            res = study.measure(name, rate * factor, [*points, *curve])
+            runs = study.per_seed(name, rate * factor, [*points, *curve])
+            res = {spec: _means(rows) for spec, rows in runs.items()}
             panel = f"{name} {factor:g}×"
-            summary["panels"][panel] = {"rate": rate * factor, "results": res}
-            lines += _panel(panel, rate * factor, res, points, curve)
+            summary["panels"][panel] = {"rate": rate * factor, "results": res, "per_seed": runs}
+            lines += _panel(panel, rate * factor, res, points, curve, runs)
     md, png = output_path(args.out, ".md"), output_path(args.out, ".png")
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text("\n".join(lines) + "\n")
@@ -119,27 +128,57 @@ def _frontier(args: argparse.Namespace) -> int:
     return 0
 
 
+def _means(rows: Sequence[tuple[float, float, float]]) -> list[float]:
+    return [math.fsum(column) / len(column) for column in zip(*rows, strict=True)]
+
+
+def covered_within_noise(
+    peer: Sequence[tuple[float, float, float]], ours: Sequence[tuple[float, float, float]]
+) -> bool:
+    """Whether ``ours`` (per seed: mean JCT, P99 JCT, first-turn wait P90) is not worse
+    than ``peer`` on mean JCT nor on first-turn wait P90, each by the paired verdict of
+    ``cachettl bench seeds`` over the same seeds.
+
+    >>> peer = [(100.0 + k, 0.0, 5.0) for k in range(8)]
+    >>> covered_within_noise(peer, [(99.0 + k, 0.0, 5.0) for k in range(8)])
+    True
+    >>> covered_within_noise(peer, [(90.0 + k, 0.0, 6.0 + k) for k in range(8)])
+    False
+    """
+    return all(
+        paired([o[i] for o in ours], [p[i] for p in peer]).verdict != "worse" for i in (0, 2)
+    )
+
+
 def _panel(
     title: str,
     rate: float,
     res: dict[str, list[float]],
     points: Sequence[str],
     curve: Sequence[str],
+    runs: dict[str, list[tuple[float, float, float]]],
 ) -> list[str]:
     tier = [(res[s][2], res[s][0]) for s in curve]
+    verdicts = len(next(iter(runs.values()))) >= MIN_VERDICT_SEEDS
     lines = [
         f"### {title} ({rate:.4f} programs/s)",
         "",
-        "| policy | mean JCT s | P99 JCT s | first-turn wait P90 s | covered by cachettl |",
-        "|---|---|---|---|---|",
+        "| policy | mean JCT s | P99 JCT s | first-turn wait P90 s | covered by cachettl "
+        "(means) | covered within noise (verdicts) |",
+        "|---|---|---|---|---|---|",
     ]
     for spec in [*points, *curve]:
         mean, p99, wait = res[spec]
-        mark = ""
+        mark = noise = ""
         if spec not in curve:
             by = [c for c, t in zip(curve, tier, strict=True) if covered((wait, mean), [t])]
             mark = f"yes: {', '.join(f'`{c}`' for c in by)}" if by else "**no**"
-        lines.append(f"| {spec} | {mean:.1f} | {p99:.1f} | {wait:.1f} | {mark} |")
+            if verdicts:
+                near = [c for c in curve if covered_within_noise(runs[spec], runs[c])]
+                noise = f"yes: {', '.join(f'`{c}`' for c in near)}" if near else "**no**"
+            else:
+                noise = f"fewer than {MIN_VERDICT_SEEDS} seeds: no verdict"
+        lines.append(f"| {spec} | {mean:.1f} | {p99:.1f} | {wait:.1f} | {mark} | {noise} |")
     return [*lines, ""]
 
 
