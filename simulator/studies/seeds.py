@@ -33,7 +33,14 @@ from typing import Any
 import numpy as np
 
 from simulator.studies import provenance
-from simulator.studies.study import PEERS, WORKLOADS, Study, output_path, workload_source
+from simulator.studies.study import (
+    PEERS,
+    WORKLOADS,
+    Study,
+    output_path,
+    seed_list,
+    workload_source,
+)
 
 __all__ = ["METRICS", "Paired", "paired", "parse_seeds", "register"]
 
@@ -117,13 +124,7 @@ def parse_seeds(text: str) -> list[int]:
     >>> parse_seeds("0-3,7")
     [0, 1, 2, 3, 7]
     """
-    seeds: list[int] = []
-    try:
-        for part in (p.strip() for p in text.split(",")):
-            first, dash, last = part.partition("-")
-            seeds += range(int(first), int(last) + 1) if dash else [int(part)]
-    except ValueError:
-        raise ValueError(f"--seeds must list integers or ranges a-b, got {text!r}") from None
+    seeds = seed_list(text)
     if len(seeds) < 2 or len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds must name at least two distinct seeds, got {text!r}")
     return seeds

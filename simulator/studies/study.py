@@ -35,6 +35,7 @@ __all__ = [
     "cachettl_spec",
     "output_path",
     "register",
+    "seed_list",
     "variants",
     "workload_source",
 ]
@@ -282,14 +283,30 @@ def output_path(out: str, suffix: str) -> Path:
     return path.with_name(path.name + suffix)
 
 
+def seed_list(text: str) -> list[int]:
+    """Seeds as a comma list of integers and ranges (``a-b`` includes both ends).
+
+    >>> seed_list("0-3,7")
+    [0, 1, 2, 3, 7]
+    """
+    seeds: list[int] = []
+    try:
+        for part in (p.strip() for p in text.split(",")):
+            first, dash, last = part.partition("-")
+            seeds += range(int(first), int(last) + 1) if dash else [int(part)]
+    except ValueError:
+        raise ValueError(f"--seeds must list integers or ranges a-b, got {text!r}") from None
+    return seeds
+
+
 def study_arguments(args: argparse.Namespace) -> tuple[list[int], list[float], list[str]]:
     """``(seeds, loads, workloads)`` of a study command (``bench ablation``, ``bench
     frontier``), with ``--programs`` and ``--cpu-tier-tokens`` checked; errors name the flag."""
+    seeds = seed_list(args.seeds)
     try:
-        seeds = [int(x) for x in args.seeds.split(",")]
         loads = [float(x) for x in args.loads.split(",")]
     except ValueError:
-        raise ValueError("--seeds must list integers and --loads numbers") from None
+        raise ValueError(f"--loads must list numbers, got {args.loads!r}") from None
     if args.programs < 1 or not all(f > 0 for f in loads):
         raise ValueError("--programs must be >= 1 and --loads positive")
     names = args.workloads.split(",")
