@@ -174,11 +174,13 @@ class LearningCounters:
 
 
 class RetentionCounters:
-    """The log's compactions by one server: how many, the rows they deleted per log, and
-    the latest (its positions, time and the rows kept then)."""
+    """The log's compactions by one server: how many, the rows they deleted per log, the
+    latest (its positions, time and the rows kept then), and how often its models started
+    again from a snapshot because the log was compacted past them (``reloads``)."""
 
     def __init__(self) -> None:
         self.compactions = 0
+        self.reloads = 0
         self.deleted = {"tool_calls": 0, "program_ends": 0}
         self.latest: Compaction | None = None
 

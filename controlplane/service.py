@@ -177,6 +177,7 @@ class ControlPlane:
         restored = self._restored()
         with self._lock:
             self.state = restored
+        self.retention.reloads += 1
         log.info(
             "the log was compacted past this server's models (%d/%d < %d/%d): restored "
             "them from the snapshot at %d/%d",

@@ -25,7 +25,7 @@ from controlplane.records import PinOutcome, StoredProgramEnd, StoredToolCall
 from controlplane.sharing import SharedModels, SharingRules
 from estimator import DEFAULT_PROFILE, DurationModel, Models, TtlPolicy
 
-__all__ = ["END_WINDOW_S", "ModelState", "PinCounts"]
+__all__ = ["END_WINDOW_S", "ModelState", "PinCounts", "differences"]
 
 #: Outcomes after which the returning turn waited for its cache to be rebuilt: their
 #: admission delays feed T.
@@ -271,6 +271,26 @@ class ModelState:
         if not hasattr(state, "layout"):  # written before FORMAT 2: never reused
             state.layout = (1, None)
         return state
+
+
+def differences(a: ModelState, b: ModelState) -> list[str]:
+    """How two states' models differ (empty: equal): log positions, per-tenant counts of
+    calls, programs and corrected ends, pin counts, and every duration model's count,
+    drift epoch and window of samples. What "the live models equal a restore" checks."""
+    found = [
+        name
+        for name in ("tool_seq", "end_seq", "tool_calls", "programs", "revisions", "pins")
+        if getattr(a, name) != getattr(b, name)
+    ]
+    models_a, models_b = dict(a.models.durations.items()), dict(b.models.durations.items())
+    if models_a.keys() != models_b.keys():
+        found.append(f"models {sorted(map(str, models_a.keys() ^ models_b.keys()))[:5]}")
+    for key in models_a.keys() & models_b.keys():
+        one, other = models_a[key], models_b[key]
+        same = (one.n_seen, one.drift_epoch) == (other.n_seen, other.drift_epoch)
+        if not same or one.recent_samples().tolist() != other.recent_samples().tolist():
+            found.append(f"model {key}")
+    return found
 
 
 def in_slices(

@@ -13,11 +13,9 @@ from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-import numpy as np
-
 from controlplane.rpc.server import ControlPlaneServer, ServerOptions
 from controlplane.service import ControlPlane
-from controlplane.state import ModelState
+from controlplane.state import ModelState, differences
 
 __all__ = ["ServerThread", "running", "same_models"]
 
@@ -60,15 +58,5 @@ def running(plane: ControlPlane, **options: Any) -> Iterator[ServerThread]:
 
 
 def same_models(a: ModelState, b: ModelState) -> None:
-    """Assert two servers' models are equal: log positions, per-tenant counts of calls,
-    programs and corrected ends, pin counts, and every duration model's samples and
-    drift epoch."""
-    assert (a.tool_seq, a.end_seq, a.tool_calls) == (b.tool_seq, b.end_seq, b.tool_calls)
-    assert (a.programs, a.revisions, a.pins) == (b.programs, b.revisions, b.pins)
-    keys_a = dict(a.models.durations.items())
-    keys_b = dict(b.models.durations.items())
-    assert keys_a.keys() == keys_b.keys()
-    for key, model in keys_a.items():
-        other = keys_b[key]
-        assert (model.n_seen, model.drift_epoch) == (other.n_seen, other.drift_epoch), key
-        assert np.array_equal(model.recent_samples(), other.recent_samples()), key
+    """Assert two servers' models are equal (:func:`controlplane.state.differences`)."""
+    assert differences(a, b) == []

@@ -58,6 +58,9 @@ def register_bench(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -
     from controlplane.cli.watchbench import register as register_watch
 
     register_watch(bench)  # cachettl bench slow-watchers
+    from controlplane.cli.retentionbench import register as register_retention
+
+    register_retention(bench)  # cachettl bench retention
 
 
 async def _max_rate(target: str, token: str, seconds: float, inflight: int) -> float:

@@ -66,7 +66,8 @@ class Metrics:
 
     def track_retention(self, counters: RetentionCounters) -> None:
         """Export the log's compactions by this server: ``cachettl_log_compactions_total``,
-        ``cachettl_log_rows_deleted_total{log}``, and of the latest, the gauges
+        ``cachettl_log_rows_deleted_total{log}``, ``cachettl_log_compaction_reloads_total``
+        (the models started again from a snapshot), and of the latest, the gauges
         ``cachettl_log_compaction_position{log}``, ``cachettl_log_compaction_timestamp_seconds``
         and ``cachettl_log_rows_kept{log}`` (rows the log held when it finished)."""
         self.registry.register(_RetentionCollector(counters))
@@ -185,6 +186,11 @@ class _RetentionCollector(Collector):
         for name, count in c.deleted.items():
             deleted.add_metric([name], count)
         yield deleted
+        yield CounterMetricFamily(
+            "cachettl_log_compaction_reloads",
+            "Times the models started again from a snapshot: the log was compacted past them",
+            value=c.reloads,
+        )
         done = c.latest
         if done is None:
             return
