@@ -172,6 +172,8 @@ class MemoryStore(Store):
                 if not dry_run:
                     self._forget_ids([r for r in rows if r.seq in gone])
                     rows[:] = [r for r in rows if r.seq not in gone]
+                    for seq in gone:
+                        del self._received[(log, seq)]
             done = Compaction(
                 snapshot.policy,
                 snapshot.tool_seq,

@@ -168,3 +168,35 @@ def test_compactions_are_counted_in_metrics(db_url: str) -> None:
     assert 'cachettl_log_rows_kept{log="tool_calls"} 1.0' in text
     assert "cachettl_log_compaction_timestamp_seconds" in text
     store.close()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_console_says_what_the_miss_lists_no_longer_see(db_url: str) -> None:
+    from controlplane.console.bench import Client
+    from controlplane.console.host import Console, ConsoleOptions
+    from controlplane.rpc.server import ServerOptions
+    from tests.support import ServerThread
+
+    store = create_store(db_url)
+    plane = ControlPlane(store, min_samples=2)
+    _, token = plane.create_tenant("acme")
+    _fill(plane)
+    thread = ServerThread(plane, ServerOptions(listen="127.0.0.1:0"))
+    console = Console(thread.server, ConsoleOptions("127.0.0.1:0", "admin-token"))
+    thread.run(console.start())
+    try:
+        client = Client(console.port)
+        assert client.login(token) == 303
+        before = client.get("/tool?name=bash")[1].decode()
+        plane.compact_log(Horizon(max_age_s=0.0))
+        _fill(plane, batches=1, first=12)  # pages are kept per model version: a new one
+        after = Client(console.port)
+        assert after.login(token) == 303
+        page = after.get("/tool?name=bash&context=1000")[1].decode()
+    finally:
+        thread.run(console.stop())
+        thread.stop()
+        store.close()
+    assert 'id="compacted"' not in before
+    assert 'id="compacted"' in page
+    assert "were learned from every turn" in page
