@@ -161,11 +161,15 @@ def _hook_metric_names() -> set[str]:
 
 
 def _control_plane_metric_names() -> set[str]:
-    from controlplane.learning import LearningCounters
+    from controlplane.learning import LearningCounters, RetentionCounters
     from controlplane.rpc.metrics import Metrics
+    from controlplane.storage.base import Compaction
 
     metrics = Metrics()
     metrics.track_learning(LearningCounters())
+    retention = RetentionCounters()
+    retention.counted(Compaction("cachettl", 1, 1, 0.0, None, 0.0, 1.0))
+    metrics.track_retention(retention)
     return {
         family.name + ("_total" if family.type == "counter" else "")
         for family in metrics.registry.collect()
