@@ -9,8 +9,9 @@ started; when it is done, how many rows it deleted and when it finished. A serve
 the database, or tailing it, must restore from a snapshot that covers the latest row's
 positions: below them the log is no longer whole.
 
-Downgrade drops the table (the rows it describes are gone either way; a server of an older
-revision would replay what is left, so downgrade only a database never compacted).
+Downgrade drops the table, and refuses while it holds a compaction: a server of revision
+0007 would take what is left of the log for the whole log and learn it as such (restore a
+backup taken before the first compaction instead).
 
 Revision ID: 0008
 Revises: 0007
@@ -45,4 +46,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    compactions = op.get_bind().execute(sa.text("SELECT count(*) FROM log_compactions")).scalar()
+    if compactions:
+        raise RuntimeError(
+            f"cannot downgrade to 0007: the event log was compacted ({compactions} "
+            "compactions), and a server of 0007 would take what is left for the whole log; "
+            "nothing was changed. Restore a backup taken before the first compaction instead"
+        )
     op.drop_table("log_compactions")

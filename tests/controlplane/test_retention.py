@@ -200,3 +200,24 @@ def test_the_console_says_what_the_miss_lists_no_longer_see(db_url: str) -> None
     assert 'id="compacted"' not in before
     assert 'id="compacted"' in page
     assert "were learned from every turn" in page
+
+
+@pytest.mark.parametrize("db_url", BACKENDS, indirect=True)
+def test_revision_0008_refuses_to_go_down_once_the_log_was_compacted(db_url: str) -> None:
+    from controlplane.storage.migrate import current_revision, downgrade, upgrade
+
+    store = create_store(db_url)
+    engine = store.engine  # type: ignore[attr-defined]
+    assert downgrade(engine, "0007") == ("0008", "0007")  # never compacted: it goes
+    assert upgrade(engine) == ("0007", "0008")
+    plane = ControlPlane(store, min_samples=2)
+    plane.create_tenant("acme")
+    _fill(plane)
+    plane.compact_log(Horizon(max_rows=50))
+    assert store.log_rows() == (50, 12)
+    with pytest.raises(RuntimeError, match="cannot downgrade to 0007: the event log was"):
+        downgrade(engine, "0007")
+    assert current_revision(engine) == "0008"
+    assert store.log_compaction() is not None
+    same_models(plane.state, ControlPlane(store, min_samples=2).state)
+    store.close()
