@@ -77,7 +77,7 @@ def horizon_from_args(args: argparse.Namespace) -> Any:
     try:
         return Horizon(args.log_retention, args.log_retention_rows)
     except ValueError as error:
-        raise ValueError(f"--log-retention: {error}") from None
+        raise ValueError(f"--log-retention, --log-retention-rows: {error}") from None
 
 
 def retention_options(args: argparse.Namespace) -> dict[str, Any]:
