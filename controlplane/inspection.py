@@ -8,6 +8,7 @@ sharing tenant's snapshot only as published, k-anonymous, quantised aggregates
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ __all__ = [
     "SnapshotView",
     "ToolView",
     "WorkloadView",
+    "compacted",
     "distribution",
     "list_tools",
     "miss_stats",
@@ -214,6 +216,18 @@ def miss_stats(
     late = sorted(store.expired_by(tenant, tool, program, EXPIRED_BY_SAMPLES))
     quantiles = [(q, _nearest_rank(late, q)) for q in QUANTILES] if late else []
     return MissStats({r: counts[r] for r in MissReason if r in counts}, quantiles)
+
+
+def compacted(store: Store) -> str:
+    """Which turns the miss counts and lists no longer see ('' if the log is whole): they
+    read the log's rows, which compaction deletes, while the models learned every row."""
+    mark = store.log_compaction()
+    if mark is None:
+        return ""
+    if mark.cutoff is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(mark.cutoff))
+        return f"turns received before {when}"
+    return f"each tenant's turns before its newest {mark.keep_rows}"
 
 
 def misses(store: Store, tenant: str, query: MissQuery) -> MissesView:

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from controlplane.cli.terminal import printable
-from controlplane.inspection import MissesView, MissStats, misses
+from controlplane.inspection import MissesView, MissStats, compacted, misses
 from controlplane.records import MISSES, MissQuery, MissReason, NotPinnedCause, ToolCall
 from controlplane.storage import create_store
 
@@ -118,11 +118,14 @@ def run(args: argparse.Namespace, url: str) -> int:
     store = create_store(url)
     try:
         view = misses(store, args.tenant, query)
+        gone = compacted(store)
     finally:
         store.close()
     if args.json:
         out = {"turns": [turn_record(c) for c in view.turns], "summary": stats_record(view.summary)}
-        print(json.dumps(out, indent=2))
+        print(json.dumps({**out, "compacted": gone} if gone else out, indent=2))
         return 0
     _print(view)
+    if gone:
+        print(f"(the event log was compacted: {gone} are not counted here)")
     return 0

@@ -14,7 +14,6 @@ of a tool, and the misses listed are the newest ``MISSES_LISTED``.
 from __future__ import annotations
 
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -206,24 +205,12 @@ def _timeline(src: Sources, tenant: str, name: str) -> dict[str, Any]:
     return out
 
 
-def _compacted(store: Any) -> str:
-    """What of the log the miss counts and lists no longer see ('' if the log is whole):
-    they read its rows, which compaction deletes; the models learned every row."""
-    mark = store.log_compaction()
-    if mark is None:
-        return ""
-    if mark.cutoff is not None:
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(mark.cutoff))
-        return f"turns received before {when}"
-    return f"each tenant's turns before its newest {mark.keep_rows}"
-
-
 def _misses(src: Sources, tenant: str, name: str) -> dict[str, Any]:
     store = src.plane.store
     stats = inspection.miss_stats(store, tenant, name)
     newest = store.list_misses(tenant, MissQuery(name, None, MISSES, MISSES_LISTED))
     return {
-        "compacted": _compacted(store),
+        "compacted": inspection.compacted(store),
         "by_reason": {r.label: n for r, n in stats.reasons.items()},
         "returning": stats.returning,
         "missed": stats.missed,

@@ -11,6 +11,8 @@ one line; ``db compact`` and its dry run; the counters in ``/metrics``.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -22,6 +24,7 @@ from controlplane.__main__ import main
 from controlplane.cli.retentionbench import Soak, soak
 from controlplane.errors import LogCompactedError
 from controlplane.records import ProgramEnd, ToolCall
+from controlplane.rpc.client import ControlPlaneClient
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store, retention
 from controlplane.storage.base import Horizon
@@ -145,6 +148,9 @@ def test_db_compact_says_what_it_would_delete_then_deletes_it(tmp_path: Path, ca
     assert main(argv) == 0
     assert "deleted 100 tool calls" in capsys.readouterr().out
     assert store.log_rows() == (20, 12)
+    assert main(["misses", "--db", url, "--tenant", "acme"]) == 0
+    out = capsys.readouterr().out
+    assert "compacted: each tenant's turns before its newest 20 are not counted here" in out
     same_models(plane.state, ControlPlane(store, min_samples=2).state)
     store.close()
 
@@ -221,3 +227,36 @@ def test_revision_0008_refuses_to_go_down_once_the_log_was_compacted(db_url: str
     assert store.log_compaction() is not None
     same_models(plane.state, ControlPlane(store, min_samples=2).state)
     store.close()
+
+
+def test_serve_compacts_with_its_flags(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'served.sqlite3'}"
+    setup = create_store(url)
+    _, token = ControlPlane(setup).create_tenant("acme")
+    setup.close()
+    cmd = [sys.executable, "-m", "controlplane", "serve", "--db", url, "--listen", "127.0.0.1:0"]
+    cmd += ["--snapshot-interval", "0.1", "--log-retention", "0s", "--compact-interval", "0.2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        target = f"127.0.0.1:{int(line.split('on port')[1].split()[0])}"
+        with ControlPlaneClient(target, token) as client:
+            for b in range(5):
+                calls = [ToolCall(f"e{b}-{i}", f"p{b}", "bash", "x", 1.0 + i) for i in range(10)]
+                client.record_tool_calls(calls)
+            store = create_store(url)
+            deadline = time.monotonic() + 20
+            while store.log_rows()[0] > 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert store.log_rows()[0] == 1  # the newest row stays
+            mark = store.log_compaction()
+            assert mark is not None
+            assert mark.tool_seq == 50
+            assert client.workload_stats().tool_calls == 50
+            restored = ControlPlane(store)
+            assert restored.state.tool_calls == {"acme": 50}
+            store.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
