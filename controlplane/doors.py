@@ -15,9 +15,16 @@ Every connection has a deadline: its whole request must arrive within
 uvicorn closes keep-alive connections idle for ``idle_timeout_s``. An answer being
 computed is never cut; one the client does not read is cut after two deadlines.
 
+Accepting is paced (:class:`PacedListener`): at most ``accepts_per_s`` new connections a
+second. Past that the door stops accepting for a second (asyncio's pause after a failed
+``accept()``) and new connections wait in the kernel's listen backlog, so clients that
+reconnect as fast as they are shed cost the event loop a bounded share of its time, not
+all of it; connections already in, a logged-in viewer's keep-alive one among them, are
+served meanwhile.
+
 ``accept()`` failures (the process out of descriptors: EMFILE, ENFILE, ENOBUFS, ENOMEM)
 are logged once per ``log_interval_s`` with their count (:class:`AcceptErrors`, an
-exception handler of the event loop), never a traceback per attempt.
+exception handler of the event loop), never a traceback per attempt; so are the pauses.
 
 Both HTTP doors use it: the web console's (``controlplane.console``) and the engine
 hook's endpoint (``enginehook.vllm.endpoint``).
@@ -26,6 +33,7 @@ hook's endpoint (``enginehook.vllm.endpoint``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import resource
@@ -37,7 +45,15 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["AcceptErrors", "Door", "DoorLimits", "door_limits", "nofile_limit"]
+__all__ = [
+    "AcceptErrors",
+    "AcceptPausedError",
+    "Door",
+    "DoorLimits",
+    "PacedListener",
+    "door_limits",
+    "nofile_limit",
+]
 
 #: ``accept()`` errors that mean the process (or system) is out of a resource.
 ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -61,10 +77,15 @@ class DoorLimits:
     header_timeout_s: float = 10.0
     idle_timeout_s: float = 5.0
     log_interval_s: float = 60.0
+    #: New connections accepted a second (a token bucket of as many); past it the door
+    #: stops accepting for a second and new connections wait in the kernel's backlog.
+    accepts_per_s: float = 256.0
 
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.max_per_source < 1:
             raise ValueError("connection caps must be >= 1")
+        if not self.accepts_per_s >= 1:
+            raise ValueError("accepts_per_s must be >= 1")
         if not (self.header_timeout_s > 0 and self.idle_timeout_s > 0 and self.log_interval_s > 0):
             raise ValueError("door timeouts must be > 0 seconds")
 
@@ -84,6 +105,87 @@ def door_limits(
     cap = values.setdefault("max_connections", max(16, min(ceiling, limit // share)))
     values.setdefault("max_per_source", max(4, cap // per_source_share))
     return DoorLimits(**values)
+
+
+class AcceptPausedError(OSError):
+    """A door's accept budget is spent: raised by :meth:`PacedListener.accept` with the
+    errno (ENOBUFS) on which asyncio stops accepting for a second and then resumes."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.ENOBUFS, "the door's accept budget is spent")
+
+
+class PacedListener(socket.socket):
+    """A listening socket whose ``accept()`` takes a token from a bucket of ``per_s``
+    tokens refilled at ``per_s`` a second (build it with :meth:`wrap`). With none left it
+    raises :class:`AcceptPausedError` once, on which asyncio stops accepting for a second,
+    and ``BlockingIOError`` for the rest of that round of accepts. Closed during the pause,
+    it shuts down at once and releases its descriptor when asyncio resumes on it.
+
+    >>> listener = PacedListener.wrap(socket.create_server(("127.0.0.1", 0)), per_s=1.0)
+    >>> client = socket.create_connection(listener.getsockname())
+    >>> conn, _ = listener.accept()
+    >>> second = socket.create_connection(listener.getsockname())
+    >>> try:
+    ...     listener.accept()
+    ... except AcceptPausedError as pause:
+    ...     print(pause.strerror)
+    the door's accept budget is spent
+    >>> listener.paused
+    1
+    >>> for s in (conn, client, second, listener):
+    ...     s.close()
+    """
+
+    per_s: float
+    paused: int
+    _tokens: float
+    _at: float
+    _pausing: bool
+    _closing: bool
+
+    @classmethod
+    def wrap(cls, sock: socket.socket, per_s: float) -> PacedListener:
+        """``sock`` (bound, maybe listening) as a paced listener; ``sock`` is detached."""
+        paced = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        paced.per_s, paced.paused = per_s, 0
+        paced._tokens, paced._at = per_s, time.monotonic()
+        paced._pausing = paced._closing = False
+        return paced
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self._closing:
+            self._release()
+            raise BlockingIOError(errno.EAGAIN, "the listener is closed")
+        now = time.monotonic()
+        self._tokens = min(self.per_s, self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens < 1.0:
+            if self._pausing:  # the rest of the round that paused: end it
+                raise BlockingIOError(errno.EAGAIN, "accepting is paused")
+            self._pausing = True
+            self.paused += 1
+            raise AcceptPausedError()
+        self._pausing = False
+        conn, addr = super().accept()
+        self._tokens -= 1.0
+        return conn, addr
+
+    def close(self) -> None:
+        if self._pausing and not self._closing and self.fileno() >= 0:
+            # asyncio resumes accepting on this descriptor within a second: keep it until
+            # then, shut down (it reads as ready, and the next accept() releases it)
+            self._closing = True
+            with contextlib.suppress(OSError):
+                self.shutdown(socket.SHUT_RDWR)
+            return
+        super().close()
+
+    def _release(self) -> None:
+        self._closing = self._pausing = False
+        with contextlib.suppress(RuntimeError, ValueError):
+            asyncio.get_running_loop().remove_reader(self.fileno())
+        super().close()
 
 
 class Door:
@@ -217,13 +319,17 @@ class DoorProtocol(H11Protocol):
 
 
 class AcceptErrors:
-    """An event loop's exception handler that counts ``accept()`` failures and logs them
-    once per ``interval_s`` (the first at once); anything else goes to the handler it
-    replaced (or the loop's default)."""
+    """An event loop's exception handler that counts ``accept()`` failures and the door's
+    pauses (:class:`AcceptPausedError`) and logs each kind once per ``interval_s`` (the first at
+    once); anything else goes to the handler it replaced (or the loop's default)."""
 
     def __init__(self, logger: logging.Logger, what: str, interval_s: float = 60.0) -> None:
         self.logger, self.what, self.interval_s = logger, what, interval_s
         self.count = 0
+        #: Seconds-long pauses of accepting because the accept budget was spent.
+        self.pauses = 0
+        self._pauses_pending = 0
+        self._pauses_last = -float("inf")
         self._pending = 0
         self._last = -float("inf")
         self._last_error = ""
@@ -242,6 +348,9 @@ class AcceptErrors:
     def _handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
         message = str(context.get("message", ""))
+        if isinstance(exc, AcceptPausedError):
+            self.paused(exc)
+            return
         if isinstance(exc, OSError) and (exc.errno in ACCEPT_ERRNOS or "accept" in message):
             self.failed(exc)
             return
@@ -249,6 +358,20 @@ class AcceptErrors:
             self._previous(loop, context)
         else:
             loop.default_exception_handler(context)
+
+    def paused(self, pause: AcceptPausedError) -> None:
+        self.pauses += 1
+        self._pauses_pending += 1
+        now = time.monotonic()
+        if now - self._pauses_last >= self.interval_s:
+            self.logger.warning(
+                "%s: accepting paused %d time(s) in the last %.0f s: more new connections "
+                "than the door accepts a second; the rest wait in the listen backlog",
+                self.what,
+                self._pauses_pending,
+                min(now - self._pauses_last, self.interval_s),
+            )
+            self._pauses_last, self._pauses_pending = now, 0
 
     def failed(self, error: OSError) -> None:
         self.count += 1

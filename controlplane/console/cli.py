@@ -39,6 +39,7 @@ def add_console_flags(parser: argparse.ArgumentParser) -> None:
         ("--console-sessions-per-tenant", "sessions per tenant; its oldest end first (64)"),
         ("--console-logins-per-minute", "logins per tenant per minute, burst as many (30)"),
         ("--console-failed-logins-per-minute", "failed logins per address per minute (10)"),
+        ("--console-accepts-per-second", "new connections accepted a second (256)"),
     ):
         parser.add_argument(flag, type=int, default=None, metavar="N", help=what)
 
@@ -70,6 +71,7 @@ def _options(args: argparse.Namespace, token: str | None) -> Any:
         "--console-sessions-per-tenant",
         "--console-logins-per-minute",
         "--console-failed-logins-per-minute",
+        "--console-accepts-per-second",
     ):
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None and value < 1:
@@ -78,6 +80,7 @@ def _options(args: argparse.Namespace, token: str | None) -> Any:
     door = console_door(
         max_connections=values["max_connections"],
         max_per_source=values["max_connections_per_source"],
+        accepts_per_s=values["accepts_per_second"],
     )
     sessions = SessionLimits()
     if values["sessions_per_tenant"]:

@@ -27,7 +27,14 @@ from controlplane.console.app import HERE, make_app
 from controlplane.console.sessions import COOKIE, SessionLimits, Sessions
 from controlplane.console.views import Sources
 from controlplane.console.watch import History
-from controlplane.doors import AcceptErrors, Door, DoorLimits, DoorProtocol, door_limits
+from controlplane.doors import (
+    AcceptErrors,
+    Door,
+    DoorLimits,
+    DoorProtocol,
+    PacedListener,
+    door_limits,
+)
 from controlplane.rpc.server import ControlPlaneServer, ServerOptions, until_signalled
 
 __all__ = ["Console", "ConsoleOptions", "serve_with_console"]
@@ -66,7 +73,8 @@ CONSOLE_MAX_CONNECTIONS = 1024
 def console_door(**overrides: Any) -> DoorLimits:
     """The console's door: 1/8 of ``RLIMIT_NOFILE`` up to :data:`CONSOLE_MAX_CONNECTIONS`
     (1024 at the usual 20,000), 1/8 of that per source (128), a request's headers within
-    10 s, keep-alive connections closed after 5 s idle; ``overrides`` win."""
+    10 s, keep-alive connections closed after 5 s idle, 256 new connections accepted a
+    second; ``overrides`` win."""
     return door_limits(CONSOLE_MAX_CONNECTIONS, **overrides)
 
 
@@ -142,6 +150,7 @@ class Console:
             sock = socket.create_server((host, port), family=_family(host))
         except OSError as error:
             raise ValueError(f"--console: cannot bind {self.options.listen!r}: {error}") from None
+        sock = PacedListener.wrap(sock, limits.accepts_per_s)
         self.port = sock.getsockname()[1]
         self.accept_errors = AcceptErrors(log, "console", limits.log_interval_s)
         self.accept_errors.install(asyncio.get_running_loop())

@@ -39,7 +39,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from controlplane.doors import AcceptErrors, Door, DoorLimits, DoorProtocol, nofile_limit
+from controlplane.doors import (
+    AcceptErrors,
+    Door,
+    DoorLimits,
+    DoorProtocol,
+    PacedListener,
+    nofile_limit,
+)
 from controlplane.kvhints import loads_bounded
 from enginehook.core.tokens import is_loopback_host
 from enginehook.vllm.metrics import HookMetrics
@@ -47,6 +54,7 @@ from enginehook.vllm.pin_commands import BUSY, PinCommands, clip
 
 __all__ = [
     "ENV_PREFIX",
+    "METRICS_ACCEPTS_PER_S",
     "METRICS_MAX_CONNECTIONS",
     "METRICS_THREADS",
     "METRICS_TIMEOUT_S",
@@ -66,6 +74,9 @@ log = logging.getLogger(__name__)
 #: from the connection (or the previous answer on it): a client that sends slowly is cut
 #: off then, and never holds up another.
 METRICS_MAX_CONNECTIONS = 256
+#: New connections the endpoint accepts a second (a router without keep-alive opens one per
+#: scrape and pin command); past it they wait in the listen backlog.
+METRICS_ACCEPTS_PER_S = 1024.0
 #: Environment variables that override the door's bounds: ``{ENV_PREFIX}MAX_CONNECTIONS``,
 #: ``…MAX_CONNECTIONS_PER_SOURCE``, ``…HEADER_TIMEOUT_S``, ``…IDLE_TIMEOUT_S``.
 ENV_PREFIX = "CACHETTL_ENDPOINT_"
@@ -162,6 +173,7 @@ def endpoint_limits(
         max_per_source=per_source,
         header_timeout_s=read("HEADER_TIMEOUT_S", float) or timeout_s,
         idle_timeout_s=read("IDLE_TIMEOUT_S", float) or timeout_s,
+        accepts_per_s=read("ACCEPTS_PER_S", float) or METRICS_ACCEPTS_PER_S,
     )
 
 
@@ -201,7 +213,7 @@ class EndpointServer:
         if access.tls:
             config.load()  # reads the certificate and key now: bad files fail at start
         self._server = uvicorn.Server(config)
-        self._sock = sock
+        self._sock = PacedListener.wrap(sock, self.limits.accepts_per_s)
         self._thread = threading.Thread(target=self._run, name="cachettl-metrics", daemon=True)
         self._thread.start()
 
