@@ -480,11 +480,14 @@ class ControlPlane:
         a slice at a time; call it off the event loop."""
         return self.compact.update(self.state, self._lock, tenant.name, tenant.share)
 
-    def forget_snapshots(self, tenant: Tenant) -> None:
+    def forget_snapshots(self, tenant: Tenant) -> int:
         """Drop what ``snapshot_payload`` and ``update_compact`` keep for ``tenant`` (its
-        last stream ended)."""
-        self._payloads.forget(tenant.name)
-        self.compact.forget(tenant.name)
+        last stream ended); the serialized bytes that freed."""
+        return self._payloads.forget(tenant.name) + self.compact.forget(tenant.name)
+
+    def snapshot_bytes(self) -> int:
+        """Serialized bytes ``snapshot_payload`` and ``update_compact`` keep, all tenants."""
+        return self._payloads.held_bytes() + self.compact.held_bytes()
 
 
 def _load_snapshot(payload: bytes) -> ModelState | None:

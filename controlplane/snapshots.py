@@ -127,6 +127,7 @@ class SnapshotPayloads:
     def __init__(self, lock_slice_s: float = 0.002, max_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
         self.lock_slice_s = lock_slice_s
         self.max_bytes = max_bytes
+        self.encodings = 0  # replies joined (the server builds one per tenant and version)
         self._entries: dict[str, dict[inspection.ModelKey, _Entry]] = {}
 
     def build(
@@ -169,11 +170,18 @@ class SnapshotPayloads:
                 f"snapshot: {len(new)} models make {size} bytes, over the limit of "
                 f"{self.max_bytes} bytes per message"
             )
+        self.encodings += 1
         return header.version, b"".join(parts)
 
-    def forget(self, tenant: str) -> None:
-        """Drop a tenant's cache (its last stream ended)."""
-        self._entries.pop(tenant, None)
+    def forget(self, tenant: str) -> int:
+        """Drop a tenant's cache (its last stream ended); the serialized bytes it held."""
+        entries = self._entries.pop(tenant, {})
+        return sum(len(entry[3]) for entry in entries.values())
+
+    def held_bytes(self) -> int:
+        """Serialized bytes the caches hold, all tenants (a reply joins them: one copy
+        per tenant's version, ``controlplane.rpc.servicer``)."""
+        return sum(len(e[3]) for entries in list(self._entries.values()) for e in entries.values())
 
 
 def dumps_off_process(
@@ -380,9 +388,20 @@ class CompactSnapshots:
         table = self._tables.get(tenant)
         return table.lineage if table is not None else 0
 
-    def forget(self, tenant: str) -> None:
-        """Drop a tenant's table (its last stream ended); the next one has a new lineage."""
-        self._tables.pop(tenant, None)
+    def forget(self, tenant: str) -> int:
+        """Drop a tenant's table (its last stream ended); the next one has a new lineage.
+        The serialized bytes it held."""
+        table = self._tables.pop(tenant, None)
+        return 0 if table is None else _table_bytes(table)
+
+    def held_bytes(self) -> int:
+        """Serialized bytes the tables hold (models and replies), all tenants."""
+        return sum(_table_bytes(table) for table in list(self._tables.values()))
+
+
+def _table_bytes(table: _Table) -> int:
+    fields = sum(len(e.field) for e in list(table.entries.values()))
+    return fields + sum(len(reply) for reply in list(table.replies.values()))
 
 
 def _compact_field(key: inspection.ModelKey, model: DurationModel, steps: list[int]) -> bytes:

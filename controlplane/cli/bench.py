@@ -58,6 +58,9 @@ def register_bench(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -
     from controlplane.cli.watchbench import register as register_watch
 
     register_watch(bench)  # cachettl bench slow-watchers
+    from controlplane.cli.memorybench import register as register_memory
+
+    register_memory(bench)  # cachettl bench memory
     from controlplane.cli.doorbench import register as register_doors
 
     register_doors(bench)  # cachettl bench doors

@@ -72,6 +72,12 @@ class Budgets:
     #: only the few messages the connection's window admits, so until then each stream
     #: holds at most those: a snapshot, or moves).
     slow_reader_s: float = 30.0
+    #: Bytes of snapshots a tenant's streams may have handed to gRPC and not yet written,
+    #: and everyone's (``controlplane.rpc.sends``: gRPC keeps its own copy of each message
+    #: until the client's window lets it out, so a never-reading client would otherwise
+    #: hold a whole snapshot per stream). A tenant holding none may always send one.
+    send_bytes_per_tenant: int = 16 << 20
+    send_bytes_total: int = 128 << 20
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

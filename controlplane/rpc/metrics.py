@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -24,6 +31,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, fds
         self.rpcs = Counter("cachettl_rpc_total", "RPCs answered", ["method", "code"], registry=r)
         self.latency = Histogram(
             "cachettl_rpc_latency_seconds",
@@ -246,3 +254,43 @@ class _StreamCollector(Collector):
             "Streams ended because their token was revoked or replaced",
             value=self.servicer.gate.streams_revoked,
         )
+        yield from _memory(self.servicer)
+
+
+def _memory(servicer: Any) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Snapshot streams and the memory they hold (controlplane.rpc.sends, .heap)."""
+    sends, trimmer = servicer.sends, servicer.trimmer
+    yield GaugeMetricFamily(
+        "cachettl_snapshot_streams", "WatchSnapshots streams open", value=servicer.snapshot_streams
+    )
+    yield GaugeMetricFamily(
+        "cachettl_snapshot_payload_bytes",
+        "Bytes of serialized snapshots kept, one copy per tenant shared by its streams",
+        value=servicer.payload_bytes(),
+    )
+    yield GaugeMetricFamily(
+        "cachettl_send_bytes_held",
+        "Bytes of snapshots handed to gRPC and not yet written (the send budget in use)",
+        value=sends.held,
+    )
+    yield GaugeMetricFamily(
+        "cachettl_send_bytes_abandoned",
+        "Bytes of snapshots of streams ended as slow readers, still in gRPC's buffers",
+        value=sends.abandoned,
+    )
+    yield GaugeMetricFamily(
+        "cachettl_send_waiting", "Snapshot writes waiting for the send budget", value=sends.waiting
+    )
+    yield CounterMetricFamily(
+        "cachettl_send_waits", "Snapshot writes that waited for the send budget", value=sends.waits
+    )
+    yield CounterMetricFamily(
+        "cachettl_heap_trims",
+        "Times freed memory was given back to the system",
+        value=trimmer.trims,
+    )
+    yield CounterMetricFamily(
+        "cachettl_heap_trimmed_bytes",
+        "Resident bytes those times gave back, in all",
+        value=trimmer.freed,
+    )

@@ -163,6 +163,9 @@ class ServerOptions:
     max_connections: int | None = None
     handshake_timeout_s: float = 10.0
     connection_idle_s: float = 300.0
+    #: How often to check whether to give freed memory back to the system
+    #: (``controlplane.rpc.heap``; 0: never).
+    heap_check_s: float = 5.0
 
 
 def grpc_max_connections(nofile: int | None = None) -> int:
@@ -191,6 +194,13 @@ _ADMISSION_FLAGS: tuple[tuple[str, str, type, str], ...] = (
         float,
         "seconds a stream's client may take none of its messages before the stream ends",
     ),
+    (
+        "--max-send-bytes-per-tenant",
+        "send_bytes_per_tenant",
+        int,
+        "bytes of snapshots a tenant's streams may have in gRPC's send buffers",
+    ),
+    ("--max-send-bytes", "send_bytes_total", int, "the same, all tenants"),
     (
         "--max-arrivals-per-tenant",
         "arrivals_per_tenant_s",
@@ -337,7 +347,19 @@ class ControlPlaneServer:
                 "compact", "compaction of the log", log, f"every {compact_s:g} s"
             )
             self._tasks.append(asyncio.create_task(self._every(compact_s, self._compact, compact)))
+        if self.options.heap_check_s > 0:
+            self._tasks.append(asyncio.create_task(self._trim_heap(self.options.heap_check_s)))
         return self.port
+
+    async def _trim_heap(self, interval_s: float) -> None:
+        """Give freed memory back to the system when large buffers were released
+        (``controlplane.rpc.heap``), checking every ``interval_s``."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.servicer.trimmer.maybe_trim()
+            except Exception:  # never stop serving over it
+                log.exception("giving memory back failed")
 
     async def _compact(self) -> None:
         """One compaction of the log to the retention horizon (a snapshot first)."""

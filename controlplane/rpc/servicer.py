@@ -46,7 +46,9 @@ from controlplane.rpc import misses
 from controlplane.rpc.auth import AuthOptions, TenantCache
 from controlplane.rpc.coherence import CoherenceMethods
 from controlplane.rpc.gate import Budgets, Gate, until
+from controlplane.rpc.heap import HeapTrimmer
 from controlplane.rpc.metrics import Metrics
+from controlplane.rpc.sends import SendBudget
 from controlplane.service import ControlPlane
 from controlplane.state import PinCounts
 from controlplane.wire import duration
@@ -168,6 +170,10 @@ class Servicer(CoherenceMethods):
         self.watch_interval_s = watch_interval_s
         self.tenants = TenantCache(plane.store.tenant_by_token_hash, auth)
         self.gate = Gate(budgets or Budgets(), self.tenants, recheck_s=watch_interval_s)
+        b = self.gate.budgets
+        self.trimmer = HeapTrimmer()
+        self.sends = SendBudget(b.send_bytes_per_tenant, b.send_bytes_total, self.trimmer.released)
+        self.snapshot_streams = 0  # WatchSnapshots streams open
         self._builds: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
         self._compact_builds: dict[str, asyncio.Future[int]] = {}
         # Views (listings, distributions, snapshots) are built on one thread of their
@@ -181,6 +187,13 @@ class Servicer(CoherenceMethods):
         """The newest snapshot version this server streamed to the tenant's engines."""
         latest = self._latest.get(tenant)
         return latest[0] if latest else None
+
+    def payload_bytes(self) -> int:
+        """Bytes of serialized snapshots this server keeps, shared by every stream of a
+        tenant (the latest whole snapshot of each tenant with a stream, the compact replies
+        and the per-model parts both are joined from)."""
+        latest = sum(len(payload) for _, payload in self._latest.values())
+        return latest + self.plane.snapshot_bytes()
 
     def close(self) -> None:
         if "coherence" in self.__dict__:  # created (cached_property) by a first call
@@ -254,7 +267,8 @@ class Servicer(CoherenceMethods):
                 closed = await stack.enter_async_context(self.gate.revocable(context))
                 try:
                     async for item in until(body(tenant, request, context), closed):
-                        await self._write(method, tenant, context, item)
+                        if not await self._write(method, tenant, context, item):
+                            return
                 except (grpc.aio.AbortError, asyncio.CancelledError):
                     raise
                 except Exception as error:  # e.g. the tenant was revoked meanwhile
@@ -268,27 +282,41 @@ class Servicer(CoherenceMethods):
 
     async def _write(
         self, method: str, tenant: Tenant, context: grpc.aio.ServicerContext, item: object
-    ) -> None:
-        """Send a stream's message; ``OverloadedError`` once the client has taken none for
-        ``Budgets.slow_reader_s`` (counted, logged once a minute per tenant)."""
-        try:
-            await asyncio.wait_for(context.write(item), self.gate.budgets.slow_reader_s)
-        except TimeoutError:
-            self.metrics.slow_streams.labels(method).inc()
-            waited = self.gate.budgets.slow_reader_s
-            now = time.monotonic()
-            if now - self._slow_logged.get(tenant.name, float("-inf")) >= 60.0:
-                self._slow_logged[tenant.name] = now
-                log.warning(
-                    "tenant %r: a %s stream whose client took no message for %g s was ended",
-                    tenant.name,
-                    method,
-                    waited,
-                )
-            raise OverloadedError(
-                f"{method} stream ended: the client took no message for {waited:g} s "
-                "(--slow-reader-timeout); read the stream, or reconnect"
-            ) from None
+    ) -> bool:
+        """Send a stream's message (a snapshot's ``bytes`` within the send budget,
+        :mod:`controlplane.rpc.sends`); False if the call is gone meanwhile (its client
+        left), ``OverloadedError`` once the client has taken none for
+        ``Budgets.slow_reader_s`` (counted, logged once a minute per tenant). A write given
+        up on is left to gRPC, which ends it with the call: its bytes stay counted until
+        then, since they stay in gRPC's buffers."""
+        if isinstance(item, bytes):
+            write = await self.sends.send(tenant.name, len(item), lambda: context.write(item))
+        else:
+            write = asyncio.ensure_future(context.write(item))
+            write.add_done_callback(_retrieve)
+        await asyncio.wait({write}, timeout=self.gate.budgets.slow_reader_s)
+        if write.done():
+            try:
+                write.result()
+            except grpc.aio.InternalError:  # the batch failed in gRPC: the call is over
+                return False
+            return True
+        self.sends.abandon(write)  # still in gRPC's buffers until the client reads or leaves
+        self.metrics.slow_streams.labels(method).inc()
+        waited = self.gate.budgets.slow_reader_s
+        now = time.monotonic()
+        if now - self._slow_logged.get(tenant.name, float("-inf")) >= 60.0:
+            self._slow_logged[tenant.name] = now
+            log.warning(
+                "tenant %r: a %s stream whose client took no message for %g s was ended",
+                tenant.name,
+                method,
+                waited,
+            )
+        raise OverloadedError(
+            f"{method} stream ended: the client took no message for {waited:g} s "
+            "(--slow-reader-timeout); read the stream, or reconnect"
+        )
 
     # -- ToolEventService -------------------------------------------------------------
 
@@ -431,6 +459,7 @@ class Servicer(CoherenceMethods):
         ``compact`` request gets compact models and deltas (:meth:`_watch_compact`)."""
         await context.send_initial_metadata(())  # tells the client the stream is open
         after = request.after_version
+        self.snapshot_streams += 1
         try:
             if request.compact:
                 async for reply in self._watch_compact(tenant, request, context):
@@ -445,14 +474,18 @@ class Servicer(CoherenceMethods):
                         raise
                     if version > after:
                         self.metrics.snapshot_sent(version)
-                        yield payload
+                        yield payload  # the tenant's one copy, written within the budget
                         after = version
+                    del payload  # a waiting stream holds no version it has sent
                 await asyncio.sleep(self.watch_interval_s)
         finally:
+            self.snapshot_streams -= 1
             if self.gate.streams_of(tenant.name) <= 1:  # the tenant's last stream
-                self._latest.pop(tenant.name, None)
+                dropped = self._latest.pop(tenant.name, None)
                 if tenant.name not in self._builds and tenant.name not in self._compact_builds:
-                    self.plane.forget_snapshots(tenant)
+                    self.trimmer.released(self.plane.forget_snapshots(tenant))
+                if dropped is not None:
+                    self.trimmer.released(len(dropped[1]))
 
     async def _watch_compact(
         self,
@@ -507,6 +540,12 @@ class Servicer(CoherenceMethods):
 
 def _forget_build(builds: dict[str, Any], name: str, _: object) -> None:
     builds.pop(name, None)
+
+
+def _retrieve(write: asyncio.Future[None]) -> None:
+    """Retrieve a write's error (its handler reports it, if the handler is still there)."""
+    if not write.cancelled():
+        write.exception()
 
 
 def _distribution(
