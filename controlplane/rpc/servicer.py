@@ -267,7 +267,7 @@ class Servicer(CoherenceMethods):
                 closed = await stack.enter_async_context(self.gate.revocable(context))
                 try:
                     async for item in until(body(tenant, request, context), closed):
-                        if not await self._write(method, tenant, context, item):
+                        if not await self._write(method, tenant, context, item, closed):
                             return
                 except (grpc.aio.AbortError, asyncio.CancelledError):
                     raise
@@ -281,20 +281,40 @@ class Servicer(CoherenceMethods):
         return behavior
 
     async def _write(
-        self, method: str, tenant: Tenant, context: grpc.aio.ServicerContext, item: object
+        self,
+        method: str,
+        tenant: Tenant,
+        context: grpc.aio.ServicerContext,
+        item: object,
+        closed: asyncio.Future[Exception],
     ) -> bool:
         """Send a stream's message (a snapshot's ``bytes`` within the send budget,
         :mod:`controlplane.rpc.sends`); False if the call is gone meanwhile (its client
         left), ``OverloadedError`` once the client has taken none for
         ``Budgets.slow_reader_s`` (counted, logged once a minute per tenant). A write given
         up on is left to gRPC, which ends it with the call: its bytes stay counted until
-        then, since they stay in gRPC's buffers."""
+        then, since they stay in gRPC's buffers. A revocation (``closed``) ends the wait
+        for room or for the write."""
         if isinstance(item, bytes):
-            write = await self.sends.send(tenant.name, len(item), lambda: context.write(item))
+            room = asyncio.ensure_future(
+                self.sends.send(tenant.name, len(item), lambda: context.write(item))
+            )
+            await asyncio.wait((room, closed), return_when=asyncio.FIRST_COMPLETED)
+            if not room.done():
+                room.cancel()
+                raise closed.result()
+            write = room.result()
         else:
             write = asyncio.ensure_future(context.write(item))
             write.add_done_callback(_retrieve)
-        await asyncio.wait({write}, timeout=self.gate.budgets.slow_reader_s)
+        await asyncio.wait(
+            (write, closed),
+            timeout=self.gate.budgets.slow_reader_s,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if closed.done() and not write.done():
+            self.sends.abandon(write)
+            raise closed.result()
         if write.done():
             try:
                 write.result()

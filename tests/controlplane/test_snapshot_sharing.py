@@ -63,10 +63,10 @@ def test_never_read_streams_share_one_snapshot_within_the_send_budget(
         written: list[object] = []
         write = servicer._write
 
-        async def spy(method: str, tenant: Any, context: Any, item: object) -> bool:
+        async def spy(method: str, tenant: Any, context: Any, item: object, closed: Any) -> bool:
             if method == "WatchSnapshots":
                 written.append(item)
-            return await write(method, tenant, context, item)
+            return await write(method, tenant, context, item, closed)
 
         servicer._write = spy
         # A client whose HTTP/2 windows never grow and which never reads.
@@ -94,7 +94,8 @@ def test_never_read_streams_share_one_snapshot_within_the_send_budget(
             # Another tenant's reading stream is served meanwhile.
             with ControlPlaneClient(server.target, calm) as reader:
                 first = next(iter(reader.watch_snapshots(timeout_s=30)))
-                assert first.version > 0 and len(first.models) >= 2
+                assert first.version > 0
+                assert len(first.models) >= 2
         finally:
             for call in calls:
                 call.cancel()
@@ -105,3 +106,28 @@ def test_never_read_streams_share_one_snapshot_within_the_send_budget(
         _until(lambda: servicer.sends.held == servicer.sends.waiting == 0, 30.0, "the budget back")
         assert servicer.sends.abandoned == 0
         assert servicer.payload_bytes() == 0
+
+
+def test_revoking_a_tenant_ends_its_streams_waiting_for_room(
+    plane: ControlPlane, serve: Callable[..., AbstractContextManager[Any]]
+) -> None:
+    big = _fill(plane, "big", tools=100, samples=300)
+    budgets = Budgets(send_bytes_per_tenant=BUDGET)
+    with serve(plane, budgets=budgets, watch_interval_s=0.1) as server:
+        servicer = server.server._servicer
+        channel = grpc.insecure_channel(server.target, [("grpc.http2.bdp_probe", 0)])
+        stub = model_pb2_grpc.ModelServiceStub(channel)  # type: ignore[no-untyped-call]
+        auth = (("authorization", f"Bearer {big}"),)
+        request = model_pb2.WatchSnapshotsRequest()
+        calls = [stub.WatchSnapshots(request, metadata=auth) for _ in range(30)]
+        try:
+            _until(lambda: servicer.sends.waiting >= 20, 30.0, "streams waiting for room")
+            plane.store.revoke_tenant("big", time.time())
+            _until(lambda: servicer.snapshot_streams == 0, 10.0, "every stream to end")
+            assert servicer.sends.waiting == 0
+            assert servicer.sends.held + servicer.sends.abandoned <= 2 * BUDGET
+        finally:
+            for call in calls:
+                call.cancel()
+            channel.close()
+        _until(lambda: servicer.sends.held == servicer.sends.abandoned == 0, 30.0, "room back")
