@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controlplane.cli import commands
+from controlplane.cli import commands, run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -15,12 +15,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench = sub.add_parser("bench").add_subparsers(dest="bench", metavar="BENCH", required=True)
     commands.register(sub, bench)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.handler(args) or 0)
-    except ValueError as error:
-        print(f"cachettl: error: {error}", file=sys.stderr)
-        return 2
+    return run(parser, argv)
 
 
 if __name__ == "__main__":

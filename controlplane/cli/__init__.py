@@ -14,10 +14,12 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
-__all__ = ["GROUP", "build_parser", "main"]
+__all__ = ["DISTRIBUTION", "GROUP", "build_parser", "main", "run", "version"]
 
 #: The entry-point group whose ``register(commands, bench)`` functions add subcommands.
 GROUP = "cachettl.commands"
+#: The distribution whose metadata holds the version ``cachettl --version`` prints.
+DISTRIBUTION = "cachettl-kvserve"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cachettl",
         description="KV-cache time-to-live pinning and program-level scheduling for LLM agents.",
     )
+    parser.add_argument("--version", action="version", version=f"cachettl {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench_parser = commands.add_parser("bench", help="benchmarks that print figures")
     bench = bench_parser.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
@@ -40,12 +43,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version() -> str:
+    """This installation's version, from the package's metadata (CHANGELOG.md names it)."""
+    from importlib.metadata import version as installed
+
+    return installed(DISTRIBUTION)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``cachettl``; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    return run(build_parser(), argv)
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` (under the file of ``serve --config FILE``, when given) and run the
+    command's handler; a ``ValueError`` is one clear line and exit code 2, no traceback."""
+    args = parser.parse_args(argv)
     try:
+        if getattr(args, "config", None) is not None:
+            from controlplane.cli.configfile import parse_with_config
+
+            args = parse_with_config(parser, argv, args)
         result = args.handler(args)
-    except ValueError as error:  # bad input: one clear line, no traceback
+    except ValueError as error:
         print(f"cachettl: error: {error}", file=sys.stderr)
         return 2
     return int(result or 0)

@@ -63,6 +63,9 @@ def register(commands: _SubParsers, bench: _SubParsers) -> None:
 
 def _register_serve(commands: _SubParsers) -> None:
     p = commands.add_parser("serve", help="run the control-plane gRPC server")
+    from controlplane.cli.configfile import add_config_flag
+
+    add_config_flag(p)  # --config FILE: every flag below is a key of the file
     add_db(p)
     p.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT")
     p.add_argument("--policy", choices=POLICY_CHOICES, default="cachettl")
