@@ -207,6 +207,17 @@ def serve_rows() -> list[tuple[str, str, str]]:
     return rows
 
 
+def config_file_rows() -> list[tuple[str, str, str]]:
+    """``(key, TOML type, flag)`` of every key of ``cachettl serve --config FILE``."""
+    from controlplane.cli import build_parser
+    from controlplane.cli.configfile import config_keys, key_kind
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    keys = config_keys(sub.choices["serve"])
+    return [(key, key_kind(action), f"--{key}") for key, action in keys.items()]
+
+
 def configuration_markdown() -> str:
     """The configuration reference page."""
     parts = [
@@ -249,6 +260,16 @@ def configuration_markdown() -> str:
         "## Control plane: `cachettl serve`\n\n",
         "The server's flags (`cachettl serve --help`).\n\n",
         _table(serve_rows()),
+        "\n### Configuration file (`cachettl serve --config FILE`)\n\n",
+        "A TOML file whose keys are the flags above without their dashes, one key per flag "
+        "(`max-concurrent-rpcs = 512`; no tables). A flag on the command line overrides the "
+        "file, and so do `$CACHETTL_DB` (for `db`) and `$CACHETTL_CONSOLE_ADMIN_TOKEN` (for "
+        "`console-admin-token-file`); a key the file leaves out keeps the flag's default. An "
+        "unknown key, a value of the wrong type or a file that is not TOML stops the server "
+        "with one line naming the file and the key. A key of type *string or number* is read "
+        'by the flag\'s own parser (an age: `"7d"`, `"12h"` or seconds).\n\n',
+        "| key | type | flag |\n|---|---|---|\n",
+        *(f"| `{k}` | {_cell(t)} | `{f}` |\n" for k, t, f in config_file_rows()),
     ]
     return "".join(parts)
 

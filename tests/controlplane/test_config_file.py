@@ -205,3 +205,15 @@ def test_serve_runs_from_a_file_of_every_key(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+
+
+def test_the_reference_lists_every_key() -> None:
+    """docs/reference/configuration.md, generated at build time: a row for every key."""
+    from tests.docs.test_site import _reference
+
+    page = _reference().configuration_markdown()
+    section = page[page.index("### Configuration file (`cachettl serve --config FILE`)") :]
+    listed = re.findall(r"^\| `([a-z-]+)` \| ([^|]+) \| `--\1` \|$", section, re.MULTILINE)
+    keys = config_keys(_serve_parser())
+    assert [key for key, _ in listed] == list(keys)
+    assert dict(listed) == {key: key_kind(action) for key, action in keys.items()}
