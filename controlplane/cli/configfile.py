@@ -146,7 +146,7 @@ def _one(where: str, action: argparse.Action, value: Any) -> Any:
         raise ValueError(f"{where} must be a string, got {_shown(value)}")
     if kind not in (None, str, Path, int, float) and not (number or isinstance(value, str)):
         raise ValueError(f"{where} must be a string or a number, got {_shown(value)}")
-    if kind is not None and kind is not int:  # the flag's own parser: a path, an age, ...
+    if callable(kind) and kind is not int:  # the flag's own parser: a path, an age, ...
         try:
             value = kind(value if isinstance(value, str) or kind is float else str(value))
         except (ValueError, TypeError, argparse.ArgumentTypeError) as error:
