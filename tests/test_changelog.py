@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _newest_entry() -> str:
     """The version of the CHANGELOG's first ``## [X.Y.Z]`` heading ("Unreleased" skipped)."""
     headings = re.findall(r"^## \[([^\]]+)\]", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
-    versions = [h for h in headings if h != "Unreleased"]
+    versions: list[str] = [h for h in headings if h != "Unreleased"]
     assert versions, "CHANGELOG.md has no version entry"
     return versions[0]
 
