@@ -63,6 +63,10 @@ class ProgramLocations:
             raise ValueError(f"max_programs must be >= 1, got {max_programs}")
         self.max_programs = max_programs
         self._tenants: dict[str, OrderedDict[str, Location]] = {}
+        #: Per tenant, programs last seen on each engine, kept as locations change (the
+        #: console asks for it; counting up to ``max_programs`` locations would hold the
+        #: event loop tens of milliseconds).
+        self._per_engine: dict[str, Counter[str]] = {}
 
     def arrived(self, tenant: str, engine_id: str, program_id: str, at: float) -> Move | None:
         """A turn of ``program_id`` arrived at ``engine_id`` at ``at``. Returns the move an
@@ -71,11 +75,16 @@ class ProgramLocations:
         this arrival is older than the one stored (its report came late, after the next
         turn's elsewhere), it left this engine for the stored one, which stays."""
         programs = self._tenants.setdefault(tenant, OrderedDict())
+        counts = self._per_engine.setdefault(tenant, Counter())
         before = programs.pop(program_id, None)
         stale = before is not None and at < before.arrived_at
-        programs[program_id] = before if stale and before is not None else Location(engine_id, at)
+        now = before if stale and before is not None else Location(engine_id, at)
+        programs[program_id] = now
+        if before is not None:
+            _less(counts, before.engine_id)
+        counts[now.engine_id] += 1
         if len(programs) > self.max_programs:
-            programs.popitem(last=False)
+            _less(counts, programs.popitem(last=False)[1].engine_id)
         if before is None or before.engine_id == engine_id:
             return None
         if stale:
@@ -107,11 +116,17 @@ class ProgramLocations:
         ]
 
     def engines(self, tenant: str) -> Counter[str]:
-        """How many of the tenant's programs were last seen on each engine."""
-        programs = self._tenants.get(tenant)
-        if programs is None:
-            return Counter()
-        return Counter(location.engine_id for location in list(programs.values()))
+        """How many of the tenant's programs were last seen on each engine (kept as
+        locations change: as long as the tenant has engines, not programs).
+
+        >>> where = ProgramLocations(max_programs=2)
+        >>> where.report("acme", "a", [("p1", 1.0), ("p2", 1.0)])
+        []
+        >>> _ = where.report("acme", "b", [("p1", 2.0), ("p3", 2.0)])  # p2 forgotten
+        >>> where.engines("acme")
+        Counter({'b': 2})
+        """
+        return Counter(self._per_engine.get(tenant, ()))
 
     def where(self, tenant: str, program_id: str) -> Location | None:
         """Where the program's latest turn arrived (``None``: unknown or forgotten)."""
@@ -120,3 +135,9 @@ class ProgramLocations:
 
     def __len__(self) -> int:
         return sum(len(programs) for programs in self._tenants.values())
+
+
+def _less(counts: Counter[str], engine_id: str) -> None:
+    counts[engine_id] -= 1
+    if counts[engine_id] <= 0:
+        del counts[engine_id]

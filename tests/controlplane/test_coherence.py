@@ -156,3 +156,22 @@ def test_locations_are_bounded_per_tenant_least_recent_first() -> None:
     assert where.arrived("acme", "engine-b", "p4", 9.0) == Move("p4", "engine-a", "engine-b", 9.0)
     with pytest.raises(ValueError, match="max_programs must be >= 1"):
         ProgramLocations(max_programs=0)
+
+
+def test_per_engine_counts_kept_as_locations_change_equal_a_recount() -> None:
+    import random
+    from collections import Counter
+
+    rng = random.Random(7)
+    where = ProgramLocations(max_programs=50)
+    for step in range(5_000):  # moves, late reports and the bound's evictions
+        tenant = rng.choice(("acme", "other"))
+        program = f"p{rng.randrange(80)}"
+        at = step + rng.uniform(-30.0, 0.0)
+        where.arrived(tenant, rng.choice(("a", "b", "c")), program, at)
+    for tenant in ("acme", "other"):
+        programs = where._tenants[tenant]
+        recount = Counter(location.engine_id for location in programs.values())
+        assert where.engines(tenant) == recount
+        assert sum(recount.values()) == len(programs) == 50
+    assert where.engines("nobody") == Counter()
