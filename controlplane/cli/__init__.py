@@ -45,9 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def version() -> str:
     """This installation's version, from the package's metadata (CHANGELOG.md names it)."""
+    from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
 
-    return installed(DISTRIBUTION)
+    try:
+        return installed(DISTRIBUTION)
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
