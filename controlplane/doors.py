@@ -48,6 +48,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 __all__ = [
     "AcceptErrors",
     "AcceptPausedError",
+    "AccessLogBudget",
     "Door",
     "DoorLimits",
     "PacedListener",
@@ -316,6 +317,41 @@ class DoorProtocol(H11Protocol):
         self.door.timed_out += 1
         self.door.leave(self)
         self.transport.abort()
+
+
+class AccessLogBudget(logging.Filter):
+    """A filter that passes at most ``per_s`` records a second (a token bucket of as
+    many) and drops the rest, saying once per ``interval_s`` how many it dropped: a door's
+    access log then grows by a bounded amount whoever floods it.
+
+    >>> budget = AccessLogBudget(per_s=2.0, interval_s=60.0)
+    >>> record = logging.LogRecord("access", logging.INFO, "", 0, "GET /", None, None)
+    >>> [budget.filter(record) for _ in range(4)]
+    [True, True, False, False]
+    >>> budget.dropped
+    2
+    """
+
+    def __init__(self, per_s: float = 10.0, interval_s: float = 60.0) -> None:
+        super().__init__()
+        self.per_s, self.interval_s = per_s, interval_s
+        self.dropped = 0
+        self._tokens, self._at = per_s, time.monotonic()
+        self._pending, self._said = 0, time.monotonic()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self.per_s, self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            if self._pending and now - self._said >= self.interval_s:
+                record.msg = f"{record.msg} ({self._pending} access lines dropped before it)"
+                self._pending, self._said = 0, now
+            return True
+        self.dropped += 1
+        self._pending += 1
+        return False
 
 
 class AcceptErrors:

@@ -1,24 +1,22 @@
-"""``cachettl bench doors``: what clients without a token can do to the console's door.
+"""``cachettl bench doors``: what one tenant, or a client with no token, can do through a
+door to another tenant's decisions.
 
 Starts two ``cachettl serve --console`` processes on fresh SQLite stores (the second is the
-control: it takes the same attack, so the machine carries the same load while the first
-server is timed untouched) and measures, from this process, another tenant's paced
-``DecideTtl`` latency and a logged-in viewer's page loads:
+control: it takes the same attack, so that the machine carries the same load while the
+first server is timed untouched) and measures, from this process, the timed tenant's paced
+``DecideTtl`` latency and its logged-in viewer's page loads (on a keep-alive connection, as
+a browser, and on a new connection each time):
 
 1. quiet: nothing else runs;
-2. control: attackers hold ``--connections`` idle TCP connections to the *second* server's
-   console (no request, or a request never finished);
-3. attack: the same attackers against the *first* server's console.
+2. control: the attack (:mod:`controlplane.cli.attacks`, ``--attack``) against the
+   *second* server;
+3. attack: the same against the *first* server.
 
-The attackers are ``--attackers`` processes, each holding its share of the connections
-from source addresses spread over 127.0.0.2-127.0.0.201 and opening a new one whenever the
-server closes one (the worst a client without a token can do: the door sheds the oldest
-connection that showed no credential, so held connections churn). Printed: each phase's
-``DecideTtl`` p50/p99 (ms), the viewer's pages answered, the attackers' connections opened
-and held, and the timed server's log growth (bytes a minute) under the attack. Targets
-(the door's contract): attack p99 within 2× quiet, or within 1.3× the control's where the
-attackers' processes load this machine; viewer pages ≥ 99 % answered; log growth < 1 MB a
-minute.
+Printed per phase: ``DecideTtl`` p50/p99 (ms) and their ratios to quiet and control, the
+viewer's pages answered, what the attack did, and the timed server's log growth (bytes a
+minute). The doors' contract: attack p99 within 2× quiet, or within 1.3× the control's where
+the attack's processes load this machine; the viewer's pages answered; log growth under
+1 MB a minute.
 """
 
 from __future__ import annotations
@@ -26,36 +24,33 @@ from __future__ import annotations
 import argparse
 import http.client
 import multiprocessing
-import os
 import resource
-import selectors
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["register"]
+from controlplane.cli.attacks import ATTACKS, Target
 
-#: Source addresses the attackers spread over (Linux routes all of 127/8 to loopback).
-SOURCES = [f"127.0.0.{i}" for i in range(2, 202)]
+__all__ = ["register"]
 
 
 def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench doors``."""
     p = bench.add_parser(
-        "doors", help="another tenant's DecideTtl and a viewer while idle clients flood the console"
+        "doors", help="another tenant's DecideTtl and console beside one tenant's flood"
     )
-    p.add_argument("--connections", type=int, default=20_000, help="idle connections held")
-    p.add_argument("--attackers", type=int, default=2, help="processes holding them")
+    p.add_argument("--attack", choices=sorted(ATTACKS), default="idle", help="the flood")
+    p.add_argument("--connections", type=int, default=20_000, help="idle: connections held")
+    p.add_argument("--attackers", type=int, default=None, help="processes (default per attack)")
     p.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
     p.add_argument("--rate", type=float, default=200.0, help="DecideTtl calls a second")
     p.set_defaults(handler=_run)
@@ -67,6 +62,7 @@ class _Server:
     console: int
     log: Path
     token: str
+    attacker: str  # the other tenant's token
 
 
 @contextmanager
@@ -74,7 +70,7 @@ def _server(workdir: Path, name: str) -> Iterator[_Server]:
     from controlplane.cli.benchload import prepare
 
     db = f"sqlite:///{workdir / f'{name}.sqlite3'}"
-    token, _ = prepare(db, 2000)
+    token, attacker = prepare(db, 2000)
     log = workdir / f"{name}.log"
     cmd = [sys.executable, "-m", "controlplane", "serve", "--db", db, "--min-samples", "10"]
     cmd += ["--listen", "127.0.0.1:0", "--console", "127.0.0.1:0"]
@@ -88,84 +84,37 @@ def _server(workdir: Path, name: str) -> Iterator[_Server]:
             if "on port" not in line:
                 raise RuntimeError(f"server did not start: {line!r}; see {log}")
             ports.append(int(line.split("on port")[1].split()[0]))
-        yield _Server(f"127.0.0.1:{ports[0]}", ports[1], log, token)
+        yield _Server(f"127.0.0.1:{ports[0]}", ports[1], log, token, attacker)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
-def _hold(port: int, count: int, sources: list[str], stop: Any, opened: Any) -> None:
-    """Hold ``count`` idle connections to ``port`` until ``stop``, reopening closed ones;
-    half send an unfinished request line, half nothing."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    sel = selectors.DefaultSelector()
-    n = 0
-
-    def open_one() -> None:
-        nonlocal n
-        source = sources[n % len(sources)]
-        n += 1
-        try:
-            s = socket.socket()
-            s.setblocking(False)
-            s.bind((source, 0))
-            s.connect_ex(("127.0.0.1", port))
-        except OSError:
-            s.close()
-            return
-        sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, n % 2)
-        with opened.get_lock():
-            opened.value += 1
-
-    for _ in range(count):
-        open_one()
-    while not stop.is_set():
-        for key, events in sel.select(0.2):
-            s = key.fileobj
-            assert isinstance(s, socket.socket)
-            if events & selectors.EVENT_WRITE:
-                if key.data:
-                    with suppress(OSError):
-                        s.send(b"GET / HTTP/1.1\r\nHost: x\r\n")
-                sel.modify(s, selectors.EVENT_READ)
-                continue
-            try:
-                gone = s.recv(4096) == b""
-            except OSError:
-                gone = True
-            if gone:
-                sel.unregister(s)
-                s.close()
-        for _ in range(count - len(sel.get_map())):
-            open_one()
-    for key in list(sel.get_map().values()):
-        key.fileobj.close()  # type: ignore[union-attr]
-
-
 class _Attack:
-    """``processes`` processes holding ``connections`` idle connections to ``port``."""
+    """The attack ``name`` against ``target`` from ``processes`` processes (idle: holding
+    ``connections`` connections in all), from ready to the end of the ``with``."""
 
-    def __init__(self, port: int, connections: int, processes: int) -> None:
+    def __init__(self, name: str, target: Target, processes: int, connections: int) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.stop = ctx.Event()
-        self.opened = ctx.Value("q", 0)
+        self.done = ctx.Value("q", 0)
+        work, _ = ATTACKS[name]
         share = -(-connections // processes)
         self.procs = [
             ctx.Process(
-                target=_hold,
-                args=(port, share, SOURCES[k::processes], self.stop, self.opened),
-                daemon=True,
+                target=work, args=(target, self.stop, self.done, k, share, processes), daemon=True
             )
             for k in range(processes)
         ]
-        self.target = share * processes
+        self.ready_at = share * processes if name == "idle" else 1
 
     def __enter__(self) -> _Attack:
         for p in self.procs:
             p.start()
         deadline = time.monotonic() + 120
-        while self.opened.value < self.target and time.monotonic() < deadline:
+        while self.done.value < self.ready_at and time.monotonic() < deadline:
+            if not any(p.is_alive() for p in self.procs):
+                raise RuntimeError("the attack's processes ended before it began")
             time.sleep(0.2)
         return self
 
@@ -173,6 +122,8 @@ class _Attack:
         self.stop.set()
         for p in self.procs:
             p.join(30)
+            if p.is_alive():
+                p.kill()
 
 
 class _Viewer:
@@ -237,31 +188,44 @@ def _phase(server: _Server, viewer: _Viewer, rate: float, seconds: float) -> tup
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.connections < 1 or args.attackers < 1 or args.seconds <= 0 or args.rate <= 0:
-        raise ValueError("--connections, --attackers, --seconds and --rate must be positive")
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)
-    print(f"RLIMIT_NOFILE {limit}; each server's console door is sized from it")
+    if args.connections < 1 or args.seconds <= 0 or args.rate <= 0:
+        raise ValueError("--connections, --seconds and --rate must be positive")
+    processes = args.attackers or ATTACKS[args.attack][1]
+    if processes < 1:
+        raise ValueError(f"--attackers must be >= 1, got {processes}")
+    print(f"RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         timed = stack.enter_context(_server(Path(tmp), "timed"))
         control = stack.enter_context(_server(Path(tmp), "control"))
         viewer = _Viewer(timed.console, timed.token)
         rows.append(("quiet", *_phase(timed, viewer, args.rate, args.seconds), 0, 0))
-        for name, port in (("control", control.console), ("attack", timed.console)):
-            with _Attack(port, args.connections, args.attackers) as attack:
-                opened = attack.opened.value
+        for name, server in (("control", control), ("attack", timed)):
+            target = Target(server.grpc, server.console, server.attacker)
+            with _Attack(args.attack, target, processes, args.connections) as attack:
+                ready = attack.done.value
                 phase = _phase(timed, viewer, args.rate, args.seconds)
-                rows.append((name, *phase, opened, attack.opened.value))
+                rows.append((name, *phase, ready, attack.done.value))
         log = timed.log.read_text()
+    what = f"{args.connections} idle connections" if args.attack == "idle" else args.attack
+    print(
+        f"attack: {what} from {processes} processes, {args.seconds:g} s a phase, "
+        f"DecideTtl at {args.rate:g}/s"
+    )
+    _table(rows, args.seconds)
+    warnings = [line for line in log.splitlines() if "WARNING" in line or "Traceback" in line]
+    print(f"timed server's log: {len(warnings)} warning or traceback line(s)")
+    for line in warnings[:5]:
+        print(f"  {line[:200]}")
+    return 0
+
+
+def _table(rows: list[tuple[Any, ...]], seconds: float) -> None:
     quiet_p99 = float(np.percentile(rows[0][1], 99)) * 1e3
     control_p99 = float(np.percentile(rows[1][1], 99)) * 1e3
     print(
-        f"{args.connections} idle connections from {args.attackers} processes, "
-        f"{args.seconds:g} s a phase, DecideTtl at {args.rate:g}/s"
-    )
-    print(
         "phase    p50 ms  p99 ms  p99/quiet  p99/control  pages: kept  new conn  "
-        "opened+reopened  log B/min"
+        "attack done (ready+during)  log B/min"
     )
     for name, lat, kept, fresh, grew, ready, total in rows:
         p50, p99 = (float(np.percentile(lat, q)) * 1e3 for q in (50, 99))
@@ -269,11 +233,5 @@ def _run(args: argparse.Namespace) -> int:
         print(
             f"{name:<8} {p50:6.2f}  {p99:6.2f}  {p99 / quiet_p99:9.2f}  {p99 / control_p99:11.2f}  "
             f"{kept_ok:>5}/{len(kept):<5} {fresh_ok:>4}/{len(fresh):<4} "
-            f"{ready:>7}+{total - ready:<7} {grew * 60.0 / args.seconds:>9.0f}"
+            f"{ready:>9}+{total - ready:<16} {grew * 60.0 / seconds:>9.0f}"
         )
-    warnings = [line for line in log.splitlines() if "WARNING" in line or "Traceback" in line]
-    print(f"timed server's log: {len(warnings)} warning or traceback line(s)")
-    for line in warnings[:5]:
-        print(f"  {line[:200]}")
-    print(f"pid {os.getpid()} done")
-    return 0

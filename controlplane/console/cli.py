@@ -39,7 +39,7 @@ def add_console_flags(parser: argparse.ArgumentParser) -> None:
         ("--console-sessions-per-tenant", "sessions per tenant; its oldest end first (64)"),
         ("--console-logins-per-minute", "logins per tenant per minute, burst as many (30)"),
         ("--console-failed-logins-per-minute", "failed logins per address per minute (10)"),
-        ("--console-accepts-per-second", "new connections accepted a second (256)"),
+        ("--console-accepts-per-second", "new connections accepted a second (64)"),
     ):
         parser.add_argument(flag, type=int, default=None, metavar="N", help=what)
 

@@ -29,6 +29,7 @@ from controlplane.console.views import Sources
 from controlplane.console.watch import History
 from controlplane.doors import (
     AcceptErrors,
+    AccessLogBudget,
     Door,
     DoorLimits,
     DoorProtocol,
@@ -68,14 +69,24 @@ class ConsoleOptions:
 #: The console's connections at most, whatever the descriptor limit (it takes 1/8 of it:
 #: the gRPC server shares the process), and per source address 1/8 of that.
 CONSOLE_MAX_CONNECTIONS = 1024
+#: New connections the console accepts a second: people's browsers keep theirs alive, so
+#: 64 is plenty for them, and a flood of new connections (failed logins from many
+#: addresses, reconnecting idle clients) costs the event loop it shares with the gRPC
+#: server a small share of its time.
+CONSOLE_ACCEPTS_PER_S = 64.0
+#: Lines of the console's access log a second at most (the rest are dropped and counted),
+#: so that no client, with a token or without, can grow the log faster than about 70 kB a
+#: minute.
+ACCESS_LINES_PER_S = 10.0
 
 
 def console_door(**overrides: Any) -> DoorLimits:
     """The console's door: 1/8 of ``RLIMIT_NOFILE`` up to :data:`CONSOLE_MAX_CONNECTIONS`
     (1024 at the usual 20,000), 1/8 of that per source (128), a request's headers within
-    10 s, keep-alive connections closed after 5 s idle, 256 new connections accepted a
+    10 s, keep-alive connections closed after 5 s idle, 64 new connections accepted a
     second; ``overrides`` win."""
-    return door_limits(CONSOLE_MAX_CONNECTIONS, **overrides)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return door_limits(CONSOLE_MAX_CONNECTIONS, **{"accepts_per_s": CONSOLE_ACCEPTS_PER_S, **given})
 
 
 def _trusts(sessions: Sessions) -> Callable[[Any], bool]:
@@ -154,6 +165,8 @@ class Console:
         self.port = sock.getsockname()[1]
         self.accept_errors = AcceptErrors(log, "console", limits.log_interval_s)
         self.accept_errors.install(asyncio.get_running_loop())
+        self.access_log = AccessLogBudget(ACCESS_LINES_PER_S, limits.log_interval_s)
+        logging.getLogger("uvicorn.access").addFilter(self.access_log)
         self._uvicorn = _Server(config)
         self._tasks = [
             asyncio.create_task(self._uvicorn.serve(sockets=[sock])),
@@ -196,6 +209,8 @@ class Console:
                 await task
         if getattr(self, "accept_errors", None) is not None:
             self.accept_errors.uninstall()
+        if getattr(self, "access_log", None) is not None:
+            logging.getLogger("uvicorn.access").removeFilter(self.access_log)
 
 
 async def serve_with_console(
