@@ -4,21 +4,21 @@ gRPC copies every message it is handed into a buffer of its own and keeps it unt
 flow control lets it out, so a ``WatchSnapshots`` client that grants no window (it never
 reads) holds a whole snapshot in the server for as long as its connection lives: ending
 the call does not free it, only the client's window or its connection going away does.
-A thousand such streams of a tenant at its name caps held 2.3 GB.
+A thousand such streams of a tenant with a 2.1 MB snapshot held 2.3 GB.
 
 So a stream's snapshot is handed to gRPC only within a budget of bytes not yet written:
 at most ``per_tenant`` for a tenant's streams and ``total`` for everyone's, except that a
-tenant holding nothing may always send one message, however large (so no tenant waits for
-another's clients: the total is passed by at most one message per tenant). A stream waits for room
-before its write starts, and its bytes are given back when gRPC reports the write done
-or failed, not when the stream gives up on it: until then they are still in gRPC's
-buffers. A write its stream gives up on (a slow reader, ``Budgets.slow_reader_s``) moves to the
-tenant's abandoned bytes, at most ``per_tenant`` of them, so that a few clients that stopped
-reading do not keep the tenant's other streams waiting; past that, a tenant whose own
-clients stop reading waits for itself; the others do not.
-Every stream of a tenant and version is handed the same ``bytes`` object
-(``controlplane.rpc.servicer``), so what the server holds beyond this budget is one
-snapshot per tenant. Used from the event loop only.
+tenant holding nothing may always send one message, however large (so no tenant waits
+for another's clients: the total is passed by at most one message per tenant). A stream
+waits for room before its write starts, and its bytes are given back when gRPC reports
+the write done or failed, not when the stream gives up on it: until then they are still
+in gRPC's buffers. A write its stream gives up on (a slow reader,
+``Budgets.slow_reader_s``, or a revoked token) moves to the tenant's abandoned bytes, at
+most ``per_tenant`` of them, so that a few clients that stopped reading do not keep the
+tenant's other streams waiting; past that, a tenant whose own clients stop reading waits
+for itself, and the others do not. Every stream of a tenant and version is handed the
+same ``bytes`` object (``controlplane.rpc.servicer``), so what the server holds beyond
+this budget is one snapshot per tenant. Used from the event loop only.
 """
 
 from __future__ import annotations
