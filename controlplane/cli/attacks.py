@@ -100,18 +100,24 @@ def idle(target: Target, stop: Any, done: Any, k: int, share: int, processes: in
 
 
 def poll(target: Target, stop: Any, done: Any, k: int, share: int, processes: int) -> None:
-    """Load every console page and its JSON, logged in as the attacking tenant."""
+    """Load every console page and its JSON on one keep-alive connection, logged in as
+    the attacking tenant."""
     from controlplane.console.bench import Client
 
-    client = Client(target.console)
-    if client.login(target.token) != 303:
+    login = Client(target.console)
+    if login.login(target.token) != 303:
         raise RuntimeError("the polling client could not log in")
+    headers = {"cookie": "; ".join(f"{k}={v}" for k, v in login.cookies.items())}
     paths = PAGES + ["/api" + p for p in PAGES]
+    conn = http.client.HTTPConnection("127.0.0.1", target.console, timeout=30)
     while not stop.is_set():
         for path in paths:
-            with suppress(OSError, http.client.HTTPException):
-                client.get(path)
+            try:
+                conn.request("GET", path, headers=headers)
+                conn.getresponse().read()
                 _count(done)
+            except (OSError, http.client.HTTPException):
+                conn.close()  # reconnects on the next request
 
 
 def logins(target: Target, stop: Any, done: Any, k: int, share: int, processes: int) -> None:
@@ -134,6 +140,12 @@ def logins(target: Target, stop: Any, done: Any, k: int, share: int, processes: 
             conn.getresponse().read()
             _count(done)
         conn.close()
+
+
+def _first(stream: Any) -> None:
+    """Read a stream's first message, then never again (until it ends with the client)."""
+    with suppress(Exception):
+        next(stream, None)
 
 
 def _threads(work: Callable[[int], None], count: int) -> None:
@@ -177,7 +189,7 @@ def arrivals(target: Target, stop: Any, done: Any, k: int, share: int, processes
         client = ControlPlaneClient(target.grpc, target.token)
         stream = client.watch_moves(f"engine-{k}-{w}")
         watchers.append((client, stream))
-        threading.Thread(target=lambda s=stream: next(s, None), daemon=True).start()
+        threading.Thread(target=_first, args=(stream,), daemon=True).start()
 
     def work(t: int) -> None:
         with ControlPlaneClient(target.grpc, target.token, timeout_s=60) as client:
