@@ -190,7 +190,7 @@ def _phase(server: _Server, viewer: _Viewer, rate: float, seconds: float) -> tup
 def _run(args: argparse.Namespace) -> int:
     if args.connections < 1 or args.seconds <= 0 or args.rate <= 0:
         raise ValueError("--connections, --seconds and --rate must be positive")
-    processes = args.attackers or ATTACKS[args.attack][1]
+    processes = ATTACKS[args.attack][1] if args.attackers is None else args.attackers
     if processes < 1:
         raise ValueError(f"--attackers must be >= 1, got {processes}")
     print(f"RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)}")
