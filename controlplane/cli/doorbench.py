@@ -171,7 +171,7 @@ def _phase(server: _Server, viewer: _Viewer, rate: float, seconds: float) -> tup
     from controlplane.cli.benchload import paced_latency
 
     size = server.log.stat().st_size
-    stop, kept, fresh = threading.Event(), [], []
+    stop, kept, fresh = threading.Event(), list[int](), list[int]()
     threads = [
         threading.Thread(target=viewer.run, args=(stop, out, new))
         for out, new in ((kept, False), (fresh, True))

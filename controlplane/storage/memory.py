@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from controlplane.errors import TenantExistsError, TenantNotFoundError
 from controlplane.records import (
@@ -161,7 +162,7 @@ class MemoryStore(Store):
                 newest = kept[-1]
                 if newest.tool_seq < snapshot.tool_seq or newest.end_seq < snapshot.end_seq:
                     raise SnapshotSupersededError("the newest snapshot is below the positions")
-            logs = {
+            logs: dict[str, tuple[list[Any], int]] = {
                 "calls": (self._calls, snapshot.tool_seq),
                 "ends": (self._ends, snapshot.end_seq),
             }

@@ -84,7 +84,7 @@ def test_a_compaction_cut_short_loses_nothing_and_counts_nothing_twice(
     assert snapshot is not None
     real_delete = retention._delete
 
-    def one_batch_then_crash(engine, table, where):  # type: ignore[no-untyped-def]
+    def one_batch_then_crash(engine, table, where):
         chosen = select(table.c.seq).where(where).order_by(table.c.seq).limit(7)
         with transaction(engine, write=True) as c:
             c.execute(delete(table).where(table.c.seq.in_(chosen)))
