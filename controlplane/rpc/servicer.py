@@ -299,7 +299,11 @@ class Servicer(CoherenceMethods):
             room = asyncio.ensure_future(
                 self.sends.send(tenant.name, len(item), lambda: context.write(item))
             )
-            await asyncio.wait((room, closed), return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait((room, closed), return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:  # the call ended meanwhile: never start its write
+                room.cancel()
+                raise
             if not room.done():
                 room.cancel()
                 raise closed.result()
