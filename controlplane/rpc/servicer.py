@@ -326,6 +326,11 @@ class Servicer(CoherenceMethods):
                 return False
             return True
         self.sends.abandon(write)  # still in gRPC's buffers until the client reads or leaves
+        raise self._slow_reader(method, tenant)
+
+    def _slow_reader(self, method: str, tenant: Tenant) -> OverloadedError:
+        """The error ending a stream whose client took no message for the slow-reader
+        timeout (counted; logged once a minute per tenant)."""
         self.metrics.slow_streams.labels(method).inc()
         waited = self.gate.budgets.slow_reader_s
         now = time.monotonic()
@@ -337,7 +342,7 @@ class Servicer(CoherenceMethods):
                 method,
                 waited,
             )
-        raise OverloadedError(
+        return OverloadedError(
             f"{method} stream ended: the client took no message for {waited:g} s "
             "(--slow-reader-timeout); read the stream, or reconnect"
         )
