@@ -66,7 +66,7 @@ def test_never_read_streams_share_one_snapshot_within_the_send_budget(
         async def spy(method: str, tenant: Any, context: Any, item: object, closed: Any) -> bool:
             if method == "WatchSnapshots":
                 written.append(item)
-            return await write(method, tenant, context, item, closed)
+            return bool(await write(method, tenant, context, item, closed))
 
         servicer._write = spy
         # A client whose HTTP/2 windows never grow and which never reads.
