@@ -73,10 +73,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return wheel, log
 
 
-@pytest.fixture(scope="module")
-def venv(built: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtual environment with the wheel installed (no ``-e``); its ``bin``."""
-    home = tmp_path_factory.mktemp("venv") / "env"
+def install_wheel(wheel: Path, home: Path) -> Path:
+    """A fresh virtual environment at ``home`` holding ``wheel`` (no ``-e``; its
+    dependencies read from this environment's site-packages through a path file, so
+    nothing is downloaded); its ``bin``."""
     _run([sys.executable, "-m", "venv", "--without-pip", home], home.parent)
     python = home / "bin" / "python"
     purelib = _run(
@@ -84,18 +84,15 @@ def venv(built: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> P
     )
     deps = Path(sysconfig.get_paths()["purelib"])
     (Path(purelib.strip()) / "_dependencies.pth").write_text(f"{deps}\n")
-    pip: list[str | Path] = [
-        sys.executable,
-        "-m",
-        "pip",
-        "--python",
-        python,
-        "install",
-        "--no-deps",
-        "--no-index",
-    ]
-    _run([*pip, "--quiet", built[0]], home.parent)
+    pip: list[str | Path] = [sys.executable, "-m", "pip", "--python", python, "install"]
+    _run([*pip, "--no-deps", "--no-index", "--quiet", wheel], home.parent)
     return home / "bin"
+
+
+@pytest.fixture(scope="module")
+def venv(built: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment with the wheel installed (no ``-e``); its ``bin``."""
+    return install_wheel(built[0], tmp_path_factory.mktemp("venv") / "env")
 
 
 def test_the_wheel_ships_what_the_code_imports(built: tuple[Path, str]) -> None:

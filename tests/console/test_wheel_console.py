@@ -25,7 +25,7 @@ from controlplane.service import ControlPlane
 from controlplane.storage import create_store
 from tests.console.conftest import fill
 from tests.console.test_browser import RED_PIXELS, _log_in, _page, browser  # noqa: F401
-from tests.test_wheel import ROOT, _run
+from tests.test_wheel import ROOT, _run, install_wheel
 
 
 def _console_files() -> list[str]:
@@ -56,27 +56,8 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtual environment holding the wheel; its ``bin``."""
-    home = tmp_path_factory.mktemp("venv") / "env"
-    _run([sys.executable, "-m", "venv", "--without-pip", home], home.parent)
-    python = home / "bin" / "python"
-    purelib = _run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], home)
-    deps = _run(
-        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], home
-    )
-    (Path(purelib.strip()) / "_dependencies.pth").write_text(deps)
     (wheel,) = dist.glob("cachettl_kvserve-*.whl")
-    pip: list[str | Path] = [
-        sys.executable,
-        "-m",
-        "pip",
-        "--python",
-        python,
-        "install",
-        "--no-deps",
-        "--no-index",
-    ]
-    _run([*pip, "--quiet", wheel], home.parent)
-    return home / "bin"
+    return install_wheel(wheel, tmp_path_factory.mktemp("venv") / "env")
 
 
 def test_the_sdist_and_the_wheel_hold_every_file_the_console_serves(dist: Path) -> None:
