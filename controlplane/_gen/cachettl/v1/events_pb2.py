@@ -26,29 +26,29 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63\x61\x63hettl/v1/events.proto\x12\x0b\x63\x61\x63hettl.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x82\x05\n\rToolCallEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nprogram_id\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x11\n\ttool_args\x18\x04 \x01(\t\x12+\n\x08\x64uration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0b\x66inished_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nturn_index\x18\x07 \x01(\r\x12-\n\nchosen_ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x0bpin_outcome\x18\t \x01(\x0e\x32\x17.cachettl.v1.PinOutcome\x12\x32\n\x0f\x61\x64mission_delay\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x0bmiss_reason\x18\x0b \x01(\x0e\x32\x17.cachettl.v1.MissReason\x12\x35\n\x10not_pinned_cause\x18\x0c \x01(\x0e\x32\x1b.cachettl.v1.NotPinnedCause\x12-\n\nexpired_by\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x11\x64iverged_at_token\x18\x0e \x01(\x04H\x00\x88\x01\x01\x12\x17\n\nhit_tokens\x18\x0f \x01(\x04H\x01\x88\x01\x01\x12\x1c\n\x0freusable_tokens\x18\x10 \x01(\x04H\x02\x88\x01\x01\x42\x14\n\x12_diverged_at_tokenB\r\n\x0b_hit_tokensB\x12\n\x10_reusable_tokens\"D\n\x16RecordToolCallsRequest\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.cachettl.v1.ToolCallEvent\"V\n\x17RecordToolCallsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x15\n\rmodel_version\x18\x03 \x01(\x04\"s\n\x17RecordProgramEndRequest\x12\x12\n\nprogram_id\x18\x01 \x01(\t\x12\x13\n\x0btotal_turns\x18\x02 \x01(\r\x12/\n\x0b\x66inished_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"D\n\x18RecordProgramEndResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x04*\xb3\x01\n\nPinOutcome\x12\x1b\n\x17PIN_OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fPIN_OUTCOME_HIT\x10\x01\x12\x17\n\x13PIN_OUTCOME_EXPIRED\x10\x02\x12\'\n#PIN_OUTCOME_RELEASED_UNDER_PRESSURE\x10\x03\x12\x1a\n\x16PIN_OUTCOME_NOT_PINNED\x10\x04\x12\x15\n\x11PIN_OUTCOME_MOVED\x10\x05*\xed\x01\n\nMissReason\x12\x1b\n\x17MISS_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0fMISS_REASON_HIT\x10\x01\x12\x1c\n\x18MISS_REASON_PREFIX_CACHE\x10\x02\x12\x1a\n\x16MISS_REASON_NOT_PINNED\x10\x03\x12\x17\n\x13MISS_REASON_EXPIRED\x10\x04\x12\'\n#MISS_REASON_RELEASED_UNDER_PRESSURE\x10\x05\x12\x17\n\x13MISS_REASON_EVICTED\x10\x06\x12\x18\n\x14MISS_REASON_DIVERGED\x10\x07*\xa9\x01\n\x0eNotPinnedCause\x12 \n\x1cNOT_PINNED_CAUSE_UNSPECIFIED\x10\x00\x12\x1c\n\x18NOT_PINNED_CAUSE_NO_TOOL\x10\x01\x12\x1b\n\x17NOT_PINNED_CAUSE_CLIENT\x10\x02\x12\x1d\n\x19NOT_PINNED_CAUSE_TTL_ZERO\x10\x03\x12\x1b\n\x17NOT_PINNED_CAUSE_BUDGET\x10\x04\x32\xd1\x01\n\x10ToolEventService\x12\\\n\x0fRecordToolCalls\x12#.cachettl.v1.RecordToolCallsRequest\x1a$.cachettl.v1.RecordToolCallsResponse\x12_\n\x10RecordProgramEnd\x12$.cachettl.v1.RecordProgramEndRequest\x1a%.cachettl.v1.RecordProgramEndResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63\x61\x63hettl/v1/events.proto\x12\x0b\x63\x61\x63hettl.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x05\n\rToolCallEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x12\n\nprogram_id\x18\x02 \x01(\t\x12\x11\n\ttool_name\x18\x03 \x01(\t\x12\x11\n\ttool_args\x18\x04 \x01(\t\x12+\n\x08\x64uration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0b\x66inished_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nturn_index\x18\x07 \x01(\r\x12-\n\nchosen_ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x0bpin_outcome\x18\t \x01(\x0e\x32\x17.cachettl.v1.PinOutcome\x12\x32\n\x0f\x61\x64mission_delay\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x0bmiss_reason\x18\x0b \x01(\x0e\x32\x17.cachettl.v1.MissReason\x12\x35\n\x10not_pinned_cause\x18\x0c \x01(\x0e\x32\x1b.cachettl.v1.NotPinnedCause\x12-\n\nexpired_by\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x11\x64iverged_at_token\x18\x0e \x01(\x04H\x00\x88\x01\x01\x12\x17\n\nhit_tokens\x18\x0f \x01(\x04H\x01\x88\x01\x01\x12\x1c\n\x0freusable_tokens\x18\x10 \x01(\x04H\x02\x88\x01\x01\x12\x0e\n\x06shadow\x18\x11 \x01(\x08\x42\x14\n\x12_diverged_at_tokenB\r\n\x0b_hit_tokensB\x12\n\x10_reusable_tokens\"D\n\x16RecordToolCallsRequest\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.cachettl.v1.ToolCallEvent\"V\n\x17RecordToolCallsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x15\n\rmodel_version\x18\x03 \x01(\x04\"s\n\x17RecordProgramEndRequest\x12\x12\n\nprogram_id\x18\x01 \x01(\t\x12\x13\n\x0btotal_turns\x18\x02 \x01(\r\x12/\n\x0b\x66inished_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"D\n\x18RecordProgramEndResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x04*\xb3\x01\n\nPinOutcome\x12\x1b\n\x17PIN_OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fPIN_OUTCOME_HIT\x10\x01\x12\x17\n\x13PIN_OUTCOME_EXPIRED\x10\x02\x12\'\n#PIN_OUTCOME_RELEASED_UNDER_PRESSURE\x10\x03\x12\x1a\n\x16PIN_OUTCOME_NOT_PINNED\x10\x04\x12\x15\n\x11PIN_OUTCOME_MOVED\x10\x05*\xed\x01\n\nMissReason\x12\x1b\n\x17MISS_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0fMISS_REASON_HIT\x10\x01\x12\x1c\n\x18MISS_REASON_PREFIX_CACHE\x10\x02\x12\x1a\n\x16MISS_REASON_NOT_PINNED\x10\x03\x12\x17\n\x13MISS_REASON_EXPIRED\x10\x04\x12\'\n#MISS_REASON_RELEASED_UNDER_PRESSURE\x10\x05\x12\x17\n\x13MISS_REASON_EVICTED\x10\x06\x12\x18\n\x14MISS_REASON_DIVERGED\x10\x07*\xa9\x01\n\x0eNotPinnedCause\x12 \n\x1cNOT_PINNED_CAUSE_UNSPECIFIED\x10\x00\x12\x1c\n\x18NOT_PINNED_CAUSE_NO_TOOL\x10\x01\x12\x1b\n\x17NOT_PINNED_CAUSE_CLIENT\x10\x02\x12\x1d\n\x19NOT_PINNED_CAUSE_TTL_ZERO\x10\x03\x12\x1b\n\x17NOT_PINNED_CAUSE_BUDGET\x10\x04\x32\xd1\x01\n\x10ToolEventService\x12\\\n\x0fRecordToolCalls\x12#.cachettl.v1.RecordToolCallsRequest\x1a$.cachettl.v1.RecordToolCallsResponse\x12_\n\x10RecordProgramEnd\x12$.cachettl.v1.RecordProgramEndRequest\x1a%.cachettl.v1.RecordProgramEndResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cachettl.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PINOUTCOME']._serialized_start=1097
-  _globals['_PINOUTCOME']._serialized_end=1276
-  _globals['_MISSREASON']._serialized_start=1279
-  _globals['_MISSREASON']._serialized_end=1516
-  _globals['_NOTPINNEDCAUSE']._serialized_start=1519
-  _globals['_NOTPINNEDCAUSE']._serialized_end=1688
+  _globals['_PINOUTCOME']._serialized_start=1113
+  _globals['_PINOUTCOME']._serialized_end=1292
+  _globals['_MISSREASON']._serialized_start=1295
+  _globals['_MISSREASON']._serialized_end=1532
+  _globals['_NOTPINNEDCAUSE']._serialized_start=1535
+  _globals['_NOTPINNEDCAUSE']._serialized_end=1704
   _globals['_TOOLCALLEVENT']._serialized_start=107
-  _globals['_TOOLCALLEVENT']._serialized_end=749
-  _globals['_RECORDTOOLCALLSREQUEST']._serialized_start=751
-  _globals['_RECORDTOOLCALLSREQUEST']._serialized_end=819
-  _globals['_RECORDTOOLCALLSRESPONSE']._serialized_start=821
-  _globals['_RECORDTOOLCALLSRESPONSE']._serialized_end=907
-  _globals['_RECORDPROGRAMENDREQUEST']._serialized_start=909
-  _globals['_RECORDPROGRAMENDREQUEST']._serialized_end=1024
-  _globals['_RECORDPROGRAMENDRESPONSE']._serialized_start=1026
-  _globals['_RECORDPROGRAMENDRESPONSE']._serialized_end=1094
-  _globals['_TOOLEVENTSERVICE']._serialized_start=1691
-  _globals['_TOOLEVENTSERVICE']._serialized_end=1900
+  _globals['_TOOLCALLEVENT']._serialized_end=765
+  _globals['_RECORDTOOLCALLSREQUEST']._serialized_start=767
+  _globals['_RECORDTOOLCALLSREQUEST']._serialized_end=835
+  _globals['_RECORDTOOLCALLSRESPONSE']._serialized_start=837
+  _globals['_RECORDTOOLCALLSRESPONSE']._serialized_end=923
+  _globals['_RECORDPROGRAMENDREQUEST']._serialized_start=925
+  _globals['_RECORDPROGRAMENDREQUEST']._serialized_end=1040
+  _globals['_RECORDPROGRAMENDRESPONSE']._serialized_start=1042
+  _globals['_RECORDPROGRAMENDRESPONSE']._serialized_end=1110
+  _globals['_TOOLEVENTSERVICE']._serialized_start=1707
+  _globals['_TOOLEVENTSERVICE']._serialized_end=1916
 # @@protoc_insertion_point(module_scope)

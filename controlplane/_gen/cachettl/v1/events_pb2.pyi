@@ -59,7 +59,7 @@ NOT_PINNED_CAUSE_TTL_ZERO: NotPinnedCause
 NOT_PINNED_CAUSE_BUDGET: NotPinnedCause
 
 class ToolCallEvent(_message.Message):
-    __slots__ = ("event_id", "program_id", "tool_name", "tool_args", "duration", "finished_at", "turn_index", "chosen_ttl", "pin_outcome", "admission_delay", "miss_reason", "not_pinned_cause", "expired_by", "diverged_at_token", "hit_tokens", "reusable_tokens")
+    __slots__ = ("event_id", "program_id", "tool_name", "tool_args", "duration", "finished_at", "turn_index", "chosen_ttl", "pin_outcome", "admission_delay", "miss_reason", "not_pinned_cause", "expired_by", "diverged_at_token", "hit_tokens", "reusable_tokens", "shadow")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class ToolCallEvent(_message.Message):
     DIVERGED_AT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     program_id: str
     tool_name: str
@@ -92,7 +93,8 @@ class ToolCallEvent(_message.Message):
     diverged_at_token: int
     hit_tokens: int
     reusable_tokens: int
-    def __init__(self, event_id: _Optional[str] = ..., program_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., tool_args: _Optional[str] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., turn_index: _Optional[int] = ..., chosen_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pin_outcome: _Optional[_Union[PinOutcome, str]] = ..., admission_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., miss_reason: _Optional[_Union[MissReason, str]] = ..., not_pinned_cause: _Optional[_Union[NotPinnedCause, str]] = ..., expired_by: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., diverged_at_token: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., reusable_tokens: _Optional[int] = ...) -> None: ...
+    shadow: bool
+    def __init__(self, event_id: _Optional[str] = ..., program_id: _Optional[str] = ..., tool_name: _Optional[str] = ..., tool_args: _Optional[str] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., turn_index: _Optional[int] = ..., chosen_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., pin_outcome: _Optional[_Union[PinOutcome, str]] = ..., admission_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., miss_reason: _Optional[_Union[MissReason, str]] = ..., not_pinned_cause: _Optional[_Union[NotPinnedCause, str]] = ..., expired_by: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., diverged_at_token: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., reusable_tokens: _Optional[int] = ..., shadow: _Optional[bool] = ...) -> None: ...
 
 class RecordToolCallsRequest(_message.Message):
     __slots__ = ("events",)
