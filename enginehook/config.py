@@ -15,6 +15,12 @@ ValueError: additional_config.cachettl: unknown key 'ttl_cap'; valid: ...
 Traceback (most recent call last):
 ...
 ValueError: additional_config.cachettl.order_window_s must be a finite number >= 0, got -1
+>>> HookConfig.from_additional({"cachettl": {"pin_tools": "bash,pytest"}}).rollout()
+RolloutState(own='only bash, pytest', control plane='none')
+>>> HookConfig.from_additional({"cachettl": {"mode": "watch"}})
+Traceback (most recent call last):
+...
+ValueError: additional_config.cachettl.mode must be one of pin, shadow, got 'watch'
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.storage.rollouts import Rollout, parse_tools
+from enginehook.core.rollout import RolloutState
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tokens import read_token
 from estimator import DEFAULT_PROFILE
@@ -35,7 +43,11 @@ __all__ = [
     "CONFIG_KEY",
     "CPU_TIER_CONNECTORS",
     "CPU_TIER_SETTINGS",
+    "MODES",
+    "MODE_ENV",
     "PIN_COMMAND_TOKEN_ENV",
+    "PIN_TOOLS_ENV",
+    "SKIP_TOOLS_ENV",
     "TOKEN_ENV",
     "CpuTierSetting",
     "HookConfig",
@@ -49,6 +61,14 @@ TOKEN_ENV = "CACHETTL_TOKEN"
 #: The environment variable the pin-command token is read from (unless
 #: ``pin_command_token_file``).
 PIN_COMMAND_TOKEN_ENV = "CACHETTL_PIN_COMMAND_TOKEN"
+
+#: Values of ``mode``: ``pin`` (pin and order) or ``shadow`` (decide and report only).
+MODES = ("pin", "shadow")
+#: The environment variables ``mode``, ``pin_tools`` and ``skip_tools`` are read from when
+#: ``additional_config`` does not set them.
+MODE_ENV = "CACHETTL_MODE"
+PIN_TOOLS_ENV = "CACHETTL_PIN_TOOLS"
+SKIP_TOOLS_ENV = "CACHETTL_SKIP_TOOLS"
 
 #: The key under vLLM's ``additional_config`` that holds the hook's settings.
 CONFIG_KEY = "cachettl"
@@ -124,6 +144,15 @@ class HookConfig:
     ``auto`` (detected from the engine's KV connector and offloading options,
     :func:`detect_cpu_tier`), ``on`` or ``off``; while it is on the rules' tier settings
     apply.
+    ``mode``: ``pin`` (default) or ``shadow``: the engine measures, learns, decides and
+    reports every pin it would make (events with ``shadow``: the TTL and whether the
+    program came back within it) but pins nothing and keeps vLLM's own order, step for
+    step; read from :data:`MODE_ENV` when unset. ``pin_tools`` / ``skip_tools``: pin only
+    these tools, or every tool but these (a list or ``"bash,pytest"``; one of the two; read
+    from :data:`PIN_TOOLS_ENV` / :data:`SKIP_TOOLS_ENV` when unset); a tool outside is
+    handled as in shadow mode. A tenant's rollout from the control plane
+    (``cachettl rollout set``) replaces these lists once it arrives; ``mode: shadow`` wins
+    over it (:mod:`enginehook.core.rollout`).
     """
 
     enabled: bool = True
@@ -153,6 +182,9 @@ class HookConfig:
     idle_program_s: float = 3600.0
     cpu_tier: str = "auto"
     strict_vllm_version: bool = False
+    mode: str = "pin"
+    pin_tools: tuple[str, ...] = ()
+    skip_tools: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.rules, SchedulingRules):
@@ -161,6 +193,13 @@ class HookConfig:
             raise ValueError(
                 f"{_PREFIX}.cpu_tier must be one of "
                 f"{', '.join(CPU_TIER_SETTINGS)}, got {self.cpu_tier!r}"
+            )
+        if not isinstance(self.mode, str) or self.mode not in MODES:
+            raise ValueError(f"{_PREFIX}.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.pin_tools and self.skip_tools:
+            raise ValueError(
+                f"{_PREFIX}.pin_tools and skip_tools exclude each other: pin only some tools, "
+                "or every tool but some"
             )
         value = self.idle_program_s
         if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
@@ -194,6 +233,21 @@ class HookConfig:
                 "sent by routers and scoped to pin commands"
             )
 
+    @property
+    def shadow(self) -> bool:
+        """The engine's own shadow mode: nothing pinned, vLLM's order kept."""
+        return self.mode == "shadow"
+
+    def rollout(self) -> RolloutState:
+        """A fresh :class:`~enginehook.core.rollout.RolloutState` of this engine's own
+        setting (the control plane's rollout joins it when a snapshot carries one)."""
+        own = Rollout()
+        if self.pin_tools:
+            own = Rollout.of("only", self.pin_tools)
+        elif self.skip_tools:
+            own = Rollout.of("except", self.skip_tools)
+        return RolloutState(own, shadow=self.shadow)
+
     @classmethod
     def keys(cls) -> list[str]:
         """The keys ``additional_config.cachettl`` accepts: the settings and the rules."""
@@ -218,6 +272,18 @@ class HookConfig:
             )
         except ValueError as error:
             raise ValueError(f"{_PREFIX}.{error}") from None
+        if "mode" not in values and os.environ.get(MODE_ENV, "").strip():
+            values["mode"] = os.environ[MODE_ENV].strip()
+            if values["mode"] not in MODES:
+                raise ValueError(
+                    f"${MODE_ENV} must be one of {', '.join(MODES)}, got {values['mode']!r}"
+                )
+        for key, env in (("pin_tools", PIN_TOOLS_ENV), ("skip_tools", SKIP_TOOLS_ENV)):
+            listed = values.get(key)
+            where = f"{_PREFIX}.{key}"
+            if listed is None or listed == "":
+                listed, where = os.environ.get(env, "").strip(), f"${env}"
+            values[key] = parse_tools(listed, where) if listed else ()
         if values.get("token"):
             logger.warning(
                 "%s.token is given literally: vLLM logs its arguments and they show on the "

@@ -100,9 +100,12 @@ class Admitted(NamedTuple, Generic[H]):
 class Finish(Generic[H]):
     """What :meth:`~enginehook.core.lifecycle.PinController.finished` did. ``took``: the
     host's ``take`` was called and returned ``handle``, which now belongs to the pin or,
-    when not ``pinned`` (the budget refused it), is the host's to free."""
+    when not ``pinned`` (the budget refused it), is the host's to free. ``shadow``: the
+    turn's tool is outside the rollout in force (:mod:`enginehook.core.rollout`):
+    ``decision`` is the pin it would have made, and nothing was taken."""
 
     took: bool = False
     pinned: bool = False
     decision: Decision | None = None
     handle: H | None = None
+    shadow: bool = False

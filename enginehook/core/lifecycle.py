@@ -35,6 +35,7 @@ from enginehook.core.pressure import PressureRule, may_release
 from enginehook.core.priority import ProgramArrivals
 from enginehook.core.programs import MAX_PROGRAMS, Programs
 from enginehook.core.registries import ORDERINGS, VICTIMS
+from enginehook.core.rollout import RolloutState
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import CacheSeen, ToolCallTracker
 from enginehook.core.ttl import clip_ttl, finite_cap
@@ -59,10 +60,13 @@ class PinController(QueueOrder, Generic[H]):
         cpu_tier: bool = False,
         block_size: int = 16,
         max_programs: int = MAX_PROGRAMS,
+        rollout: RolloutState | None = None,
     ) -> None:
         """``decider``: ``None`` never pins (the controller still tracks and orders).
         ``block_size``: tokens per KV block (the admission's capacity is the pool's tokens).
-        ``max_programs``: the bound on programs kept (:data:`MAX_PROGRAMS`)."""
+        ``max_programs``: the bound on programs kept (:data:`MAX_PROGRAMS`).
+        ``rollout``: which tools may be pinned (:mod:`enginehook.core.rollout`; default:
+        every tool); a call of another tool is decided and reported, never pinned."""
         self._programs = Programs(engine_id, max_programs)
         self.rules = rules
         self.host = host
@@ -79,6 +83,7 @@ class PinController(QueueOrder, Generic[H]):
         self._order = ORDERINGS[rules.ordering]
         self._victims = VICTIMS[rules.victim]
         self.cpu_tier = cpu_tier
+        self.rollout = rollout if rollout is not None else RolloutState()
 
     # -- the lifecycle ---------------------------------------------------------------------
     @property
@@ -174,6 +179,13 @@ class PinController(QueueOrder, Generic[H]):
         ttl_s = clip_ttl(decision.ttl_s, ceiling_s=turn.pin_ttl_max_s, cap_s=math.inf)
         if ttl_s != decision.ttl_s:  # the pin table applies the rules' cap
             decision = replace(decision, ttl_s=ttl_s)
+        if not self.rollout.pins(turn.tool):  # shadow: what it would pin, reported only
+            would = min(max(0.0, decision.ttl_s), self.pins.ttl_cap_s)
+            tracker.turn_finished(
+                program, now, tool=turn.tool, tool_args=turn.tool_args, ttl_s=would,
+                basis=decision.basis, shadow=True,
+            )  # fmt: skip
+            return Finish(decision=replace(decision, ttl_s=would), shadow=True)
         if decision.ttl_s <= 0:
             tracker.turn_finished(
                 program, now, tool=turn.tool, tool_args=turn.tool_args, basis=decision.basis

@@ -84,6 +84,7 @@ __all__ = [
     "event_from_record",
     "event_record",
     "outcome_of_release",
+    "would_have_met",
 ]
 
 #: Block hashes of previous turns a tracker keeps at most, all programs together (vLLM's
@@ -98,6 +99,19 @@ _OF_RELEASE = {
     ReleaseReason.MOVED: PinOutcome.MOVED,
     ReleaseReason.DROPPED: PinOutcome.MOVED,
 }
+
+
+def would_have_met(ttl_s: float, duration_s: float) -> PinOutcome:
+    """What a shadow pin of ``ttl_s`` would have met for a tool call of ``duration_s``:
+    ``HIT`` when the program came back within the TTL (its end included), ``EXPIRED``
+    after it, ``NOT_PINNED`` for a TTL of 0 (the policy would not have pinned).
+
+    >>> [would_have_met(2.0, d).label for d in (0.5, 2.0, 2.5)], would_have_met(0, 1).label
+    (['hit', 'hit', 'expired'], 'not_pinned')
+    """
+    if ttl_s <= 0:
+        return PinOutcome.NOT_PINNED
+    return PinOutcome.HIT if duration_s <= ttl_s else PinOutcome.EXPIRED
 
 
 def outcome_of_release(reason: ReleaseReason) -> PinOutcome:
@@ -126,6 +140,9 @@ class ToolCallReport:
     basis: str = ""
     #: What the returning turn found of this turn's cache (``UNSPECIFIED``: not observed).
     cache: TurnCache = field(default_factory=TurnCache)
+    #: Shadow mode (:mod:`enginehook.core.rollout`): nothing was pinned; ``chosen_ttl_s``
+    #: is the TTL that would have been, ``pin_outcome`` what that pin would have met.
+    shadow: bool = False
 
     @property
     def queue_delay_sample(self) -> bool:
@@ -181,6 +198,7 @@ class _Pending:
     outcome: PinOutcome
     not_pinned: NotPinnedCause = NotPinnedCause.UNSPECIFIED
     arrived_at: float | None = None
+    shadow: bool = False
 
 
 def common_blocks(previous: Sequence[object], current: Sequence[object]) -> int:
@@ -299,10 +317,14 @@ class ToolCallTracker:
         pinned: bool = False,
         basis: str = "",
         not_pinned: NotPinnedCause = NotPinnedCause.TTL_ZERO,
+        shadow: bool = False,
     ) -> int:
         """A turn of the program finished; ``tool`` is the tool it called (``None``: no
         tool call). ``not_pinned``: why no pin was taken, when ``pinned`` is false.
-        Returns the turn's index (0-based)."""
+        ``shadow``: nothing was pinned (shadow mode, or a tool outside the rollout) and
+        ``ttl_s`` is the TTL that would have been: the event reports what that pin would
+        have met, ``HIT`` when the program returns within it, ``EXPIRED`` otherwise,
+        ``NOT_PINNED`` for a TTL of 0. Returns the turn's index (0-based)."""
         turn = self._turns.get(program_id, 0)
         self._turns[program_id] = turn + 1
         if program_id not in self._lives:  # its first turn here (maybe not its first)
@@ -311,10 +333,13 @@ class ToolCallTracker:
         self._drop_prefix(program_id)
         outcome = PinOutcome.HIT if pinned else PinOutcome.NOT_PINNED
         if tool is None:
-            ttl_s, pinned, not_pinned = 0.0, False, NotPinnedCause.NO_TOOL
+            ttl_s, pinned, not_pinned, shadow = 0.0, False, NotPinnedCause.NO_TOOL, False
+        if shadow:  # the cache really was released: the returning turn's miss says so
+            pinned, outcome = False, PinOutcome.NOT_PINNED
+            not_pinned = NotPinnedCause.TTL_ZERO if ttl_s <= 0 else NotPinnedCause.UNSPECIFIED
         cause = NotPinnedCause.UNSPECIFIED if pinned else not_pinned
         self._pending[program_id] = _Pending(
-            tool, tool_args, now, turn, ttl_s, basis, outcome, cause
+            tool, tool_args, now, turn, ttl_s, basis, outcome, cause, shadow=shadow
         )
         return turn
 
@@ -405,6 +430,8 @@ class ToolCallTracker:
         if pending.tool is None:
             return ReturningTurn(program_id, cache)
         duration_s, delay_s = pending.arrived_at - pending.finished_at, now - pending.arrived_at
+        if pending.shadow:
+            outcome = would_have_met(pending.ttl_s, duration_s)
         event = self._call(program_id, pending, duration_s, outcome, max(0.0, delay_s), cache)
         return ReturningTurn(program_id, cache, event)
 
@@ -438,7 +465,7 @@ class ToolCallTracker:
         event_id = self._event_id(program_id, p.turn_index)
         return ToolCallReport(
             event_id, program_id, self.tenant, p.tool, p.tool_args, duration_s, p.finished_at,
-            p.turn_index, p.ttl_s, outcome, delay_s, p.basis, cache or TurnCache(),
+            p.turn_index, p.ttl_s, outcome, delay_s, p.basis, cache or TurnCache(), p.shadow,
         )  # fmt: skip
 
     def program_end(self, program_id: str, now: float) -> ProgramEndReport | None:

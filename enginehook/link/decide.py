@@ -20,6 +20,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from enginehook.core.rollout import RolloutState
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from estimator import DEFAULT_PROFILE, Decision, Models, RequestFacts, get_policy
 
@@ -48,6 +49,9 @@ class TtlDecider:
         self._models = self.policy.new_models(profile, min_samples=min_samples)
         self._lock = threading.Lock()
         self.snapshot_version = ""
+        #: Which tools may be pinned: the engine's own setting and the control plane's
+        #: rollout, which the link sets from each snapshot (:mod:`enginehook.core.rollout`).
+        self.rollout = RolloutState()
         self._pending: queue.SimpleQueue[ToolCallReport | ProgramEndReport | None] = (
             queue.SimpleQueue()
         )

@@ -295,6 +295,7 @@ class ControlPlaneLink:
                         base=self.decider.models,
                     )
                     self.decider.replace_models(models, str(snap.version))
+                    self.decider.rollout.remote = snap.rollout  # None: the engine's own
                     self.snapshot_version = snap.version
                     self.snapshots += 1
                     backoff = self.flush_interval_s

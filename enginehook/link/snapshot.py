@@ -7,6 +7,10 @@ quantile summary of it: :mod:`estimator.sketch`), plus η, T and the back-off th
 :class:`~estimator.sketch.SketchModel` holding the window's true sample count) and keeps
 the engine's own cost model, which learns from local prefill timings.
 
+Every reply also carries the tenant's rollout while one is set (which tools its engines
+pin, :mod:`enginehook.core.rollout`): :attr:`SnapshotData.rollout`, ``None`` when the
+reply has none (none set, or a server from before rollouts).
+
 A compact stream sends one full snapshot, then deltas: :class:`SnapshotFollower` holds
 the models received and merges each delta into them, and refuses
 (:class:`MissedDeltaError`) a delta whose base is not the version and lineage it holds, so
@@ -30,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from controlplane.storage.rollouts import Rollout, RolloutMode
 from estimator import DurationHierarchy, Level, Models, TtlPolicy
 from estimator.sketch import SketchModel, decode_points
 from estimator.workload import MemoryFactor, QueueDelay, RemainingTurns
@@ -44,6 +49,7 @@ __all__ = [
     "SnapshotModel",
     "follow",
     "models_from_snapshot",
+    "rollout_of",
 ]
 
 
@@ -78,6 +84,27 @@ class SnapshotData:
     delta: bool = False
     base_version: int = 0
     lineage: int = 0
+    #: The tenant's rollout (every reply carries it, deltas too); ``None``: none.
+    rollout: Rollout | None = None
+
+
+def rollout_of(reply: object) -> Rollout | None:
+    """The rollout a ``WatchSnapshotsResponse`` carries, or ``None`` (unset, or a mode
+    this engine does not know: its own setting applies, and the reply is otherwise used).
+
+    >>> from controlplane._gen.cachettl.v1 import model_pb2
+    >>> wire = model_pb2.WatchSnapshotsResponse(
+    ...     rollout=model_pb2.Rollout(mode=model_pb2.ROLLOUT_MODE_ONLY, tools=["bash"]))
+    >>> rollout_of(wire).describe(), rollout_of(model_pb2.WatchSnapshotsResponse())
+    ('only bash', None)
+    """
+    if not reply.HasField("rollout"):  # type: ignore[attr-defined]
+        return None
+    wire = reply.rollout  # type: ignore[attr-defined]
+    try:
+        return Rollout.of(RolloutMode.parse(int(wire.mode)), list(wire.tools))
+    except ValueError:
+        return None
 
 
 class MissedDeltaError(Exception):
@@ -225,7 +252,15 @@ def follow(
             ]
             delay = seconds(r.queue_delay)
             snap = SnapshotData(
-                r.version, models, r.eta, delay, r.min_samples, r.delta, r.base_version, r.lineage
+                r.version,
+                models,
+                r.eta,
+                delay,
+                r.min_samples,
+                r.delta,
+                r.base_version,
+                r.lineage,
+                rollout_of(r),
             )
             yield follower.apply(snap) if follower.compact else snap
     except grpc.RpcError as error:

@@ -23,6 +23,12 @@ vLLM's narrow hooks to it:
 - ``make_stats`` / ``get_kv_cache_usage``: the KV usage routers read counts blocks that
   only pins hold as free, unless ``pins_in_kv_usage`` (:mod:`enginehook.vllm.usage`).
 
+Shadow mode (``mode: shadow``, or the tenant's rollout ``shadow`` from the control plane)
+and tools outside the rollout (:mod:`enginehook.core.rollout`): the controller decides
+and reports, and pins nothing. In shadow mode the waiting queue is vLLM's own (the hook's
+order is taken off, and put back when the rollout leaves shadow), so the engine schedules
+as stock vLLM does, step for step.
+
 No exception from the hook's own code reaches vLLM's scheduler: each hook runs its part
 under one ``try``; an exception there is logged with the request id (with its traceback
 the first time for each hook), counted in ``cachettl_hook_faults_total{hook=...}`` and
@@ -41,12 +47,14 @@ from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from enginehook.config import HookConfig
 from enginehook.core.lifecycle import PinController
 from enginehook.core.pins import Pin, ReleaseReason
+from enginehook.core.rollout import ShadowCounts
 from enginehook.core.tracker import CacheSeen
 from enginehook.hints.flat import Hints
 from enginehook.hints.ids import session_id_problem
@@ -110,6 +118,10 @@ class CacheTTLMixin(FinishedTurnHooks):
         if passthrough is not None:
             logger.warning("CacheTTL passes through (vLLM's own scheduling): %s", passthrough[1])
             self.metrics.set_passthrough(passthrough[0])
+        #: Which tools may be pinned (own setting; the link adds the control plane's).
+        self.rollout = self.services.decider.rollout = config.rollout()
+        self.shadow_counts = ShadowCounts(self.rollout)
+        self.metrics.add_counters(self.shadow_counts.counters)
         self.controller: PinController[list[Any]] = PinController(
             config.rules,
             self,
@@ -118,6 +130,7 @@ class CacheTTLMixin(FinishedTurnHooks):
             engine_id=self.services.engine_id,
             cpu_tier=self.services.cpu_tier.on,
             block_size=self.block_size,
+            rollout=self.rollout,
         )
         self.pins = self.controller.pins
         inbox = engine_input_queue() if self.active else None
@@ -132,10 +145,9 @@ class CacheTTLMixin(FinishedTurnHooks):
         self._priority = self.vllm_config.scheduler_config.policy == "priority"
         self._next_housekeeping = 0.0
         self._step: tuple[float, int] | None = None
-        if self.active and config.rules.ordering != "fcfs":
-            self.waiting = ProgramRequestQueue(self._key)
-            if hasattr(self, "async_kv_waiting"):  # vLLM 0.34: ordered the same way
-                self.async_kv_waiting = ProgramRequestQueue(self._key)
+        #: Whether the hook orders the waiting queue (outside shadow mode).
+        self._ordering = self.active and config.rules.ordering != "fcfs"
+        self._order_queues()
         self._allocate = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_with_pressure
         self._faulted: set[str] = set()
@@ -155,6 +167,21 @@ class CacheTTLMixin(FinishedTurnHooks):
             exc,
             exc_info=first,
         )
+
+    def _order_queues(self) -> None:
+        """The hook's order on the waiting queues, or vLLM's own while shadow mode is in
+        force; a change moves the waiting requests over in their current order."""
+        ours = self._ordering and not self.rollout.keeps_vllm_order
+        names = ["waiting"] + (["async_kv_waiting"] if hasattr(self, "async_kv_waiting") else [])
+        for name in names:  # vLLM 0.34's async_kv_waiting is ordered the same way
+            queue = getattr(self, name)
+            if isinstance(queue, ProgramRequestQueue) == ours:
+                continue
+            policy = self.policy  # type: ignore[attr-defined]
+            fresh = ProgramRequestQueue(self._key) if ours else create_request_queue(policy)
+            for request in list(queue):
+                fresh.add_request(request)
+            setattr(self, name, fresh)
 
     def _key(self, r: Request) -> tuple[object, ...]:
         priority = r.priority if self._priority else 0
@@ -234,6 +261,10 @@ class CacheTTLMixin(FinishedTurnHooks):
         queue = self.waiting if isinstance(self.waiting, ProgramRequestQueue) else None
         sorted_before = queue.sort_seconds if queue is not None else 0.0
         try:
+            if self._ordering:
+                self._order_queues()
+                queue = self.waiting if isinstance(self.waiting, ProgramRequestQueue) else None
+                sorted_before = queue.sort_seconds if queue is not None else 0.0
             self.controller.expire(now)
             self._moved_away()
             if self.commands:
@@ -294,6 +325,8 @@ class CacheTTLMixin(FinishedTurnHooks):
             self.metrics.hit(new.num_computed_tokens)
         if turn is not None:
             self.metrics.returned(turn.cache)
+            if turn.event is not None and turn.event.shadow:
+                self.shadow_counts.returned(turn.event.pin_outcome)
 
     def _next_waiting_queue(self, take_async_kv: bool) -> Any:
         """vLLM 0.34: which of ``waiting`` and ``async_kv_waiting`` goes next. vLLM compares
