@@ -62,7 +62,7 @@ def test_name_bounds_per_tenant() -> None:
     h = DurationHierarchy(min_samples=0, max_tools=2, max_signatures=3)
     h.update("bash", "ls", 1.0, tenant="a")
     h.update("bash", "pytest", 1.0, tenant="a")
-    h.update("fetch", '{"u": 1}', 1.0, tenant="a")
+    h.update("fetch", '{"cmd": "curl x"}', 1.0, tenant="a")  # names a command
     assert h.name_counts("a") == (2, 3)
     with pytest.raises(NameLimitError, match="3 distinct signatures"):
         h.update("bash", "make", 1.0, tenant="a")
