@@ -44,6 +44,7 @@ from controlplane.state import ModelState
 from controlplane.storage import Store, hash_token, new_token
 from controlplane.storage.base import Compaction, Horizon, SnapshotSupersededError
 from estimator import DEFAULT_PROFILE, Decision, RequestFacts, get_policy
+from estimator.signatures import SignatureRule
 
 __all__ = ["ControlPlane"]
 
@@ -75,8 +76,11 @@ class ControlPlane:
         profile: str = DEFAULT_PROFILE,
         sharing: SharingRules | None = None,
         name_limits: NameLimits | None = None,
+        signature_rules: Sequence[SignatureRule] = (),
     ) -> None:
         self.store = store
+        #: The operator's signature rules (``--signature-rule``), over the built-in ones.
+        self.signature_rules = tuple(signature_rules)
         self.name_limits = name_limits or NameLimits()
         self.learning = LearningCounters()  # rows learning skipped, batches refused
         self.retention = RetentionCounters()  # compactions of the log by this server
@@ -117,7 +121,7 @@ class ControlPlane:
         """The newest stored snapshot's models if this server can use them, else empty
         ones (the whole log is replayed). Raises ``LogCompactedError`` if the log was
         compacted past what those models cover (rows they would need are gone)."""
-        state = ModelState.fresh(self.policy, self.min_samples, self.profile, self.sharing)
+        state = self._fresh()
         self.name_limits.apply(state.models.durations)
         record = self.store.latest_snapshot(self.policy_name)
         restored = self._usable(record, state) if record is not None else None
@@ -126,6 +130,10 @@ class ControlPlane:
             self._snapshot_version = restored.version
         mark = self.store.log_compaction()
         if mark is not None and (state.tool_seq < mark.tool_seq or state.end_seq < mark.end_seq):
+            resigned = self._resigned(record, state, mark) if restored is None else None
+            if resigned is not None:
+                self._snapshot_version = resigned.version
+                return resigned
             raise LogCompactedError(
                 f"the event log was compacted through positions {mark.tool_seq}/"
                 f"{mark.end_seq} (policy {mark.policy}) and no stored {self.policy_name} "
@@ -134,6 +142,11 @@ class ControlPlane:
                 "--ttl-cap, the per-tenant name limits), or on a database of its own"
             )
         return state
+
+    def _fresh(self) -> ModelState:
+        return ModelState.fresh(
+            self.policy, self.min_samples, self.profile, self.sharing, self.signature_rules
+        )
 
     def _usable(self, record: SnapshotRecord, fresh: ModelState) -> ModelState | None:
         """``record``'s models if they were built as ``fresh`` would be, else None."""
@@ -145,6 +158,27 @@ class ControlPlane:
         ):
             return restored
         return None
+
+    def _resigned(
+        self, record: SnapshotRecord | None, fresh: ModelState, mark: Compaction
+    ) -> ModelState | None:
+        """``record``'s models under this server's signature rules, when only those differ
+        (``ModelState.under_signatures_of``: invocations learn again) and they cover the
+        compaction ``mark``; else None."""
+        restored = _load_snapshot(record.payload) if record is not None else None
+        resigned = restored.under_signatures_of(fresh) if restored is not None else None
+        if (
+            resigned is None
+            or resigned.tool_seq < mark.tool_seq
+            or resigned.end_seq < mark.end_seq
+            or not self.name_limits.holds_for(resigned.models.durations)
+        ):
+            return None
+        log.warning(
+            "the stored snapshot's signatures were derived by other rules and the log is "
+            "compacted past a replay: its invocation models are dropped and learn again"
+        )
+        return resigned
 
     def catch_up(self) -> int:
         """Learn every committed row past the current position; returns how many."""
@@ -265,7 +299,7 @@ class ControlPlane:
         if not dry_run:
             self.write_snapshot()
         record = self.store.latest_snapshot(self.policy_name)
-        fresh = ModelState.fresh(self.policy, self.min_samples, self.profile, self.sharing)
+        fresh = self._fresh()
         self.name_limits.apply(fresh.models.durations)
         if record is None or (not dry_run and self._usable(record, fresh) is None):
             raise SnapshotSupersededError(

@@ -24,6 +24,7 @@ from typing import TypeVar
 from controlplane.records import PinOutcome, StoredProgramEnd, StoredToolCall
 from controlplane.sharing import SharedModels, SharingRules
 from estimator import DEFAULT_PROFILE, DurationModel, Models, TtlPolicy
+from estimator.signatures import SignatureRegistry, SignatureRule
 
 __all__ = ["END_WINDOW_S", "ModelState", "PinCounts", "differences"]
 
@@ -84,7 +85,8 @@ class ModelState:
 
     models: Models
     #: What the models were built with; a snapshot built otherwise is not reused.
-    config: tuple[str, str, int] = ("", "", 0)  # (policy, profile, min_samples)
+    #: (policy, profile, min_samples, the signature rules' ``SignatureRegistry.key``).
+    config: tuple[object, ...] = ("", "", 0, ())
     #: How the state is laid out and what sharing rules built it (also compared on load).
     layout: tuple[int, SharingRules | None] = (FORMAT, None)
     tool_seq: int = 0
@@ -107,16 +109,35 @@ class ModelState:
         min_samples: int = 100,
         profile: str = DEFAULT_PROFILE,
         sharing: SharingRules | None = None,
+        signature_rules: Sequence[SignatureRule] = (),
     ) -> ModelState:
-        """Empty models configured for ``policy`` and the hardware ``profile``."""
+        """Empty models configured for ``policy`` and the hardware ``profile``, keying
+        invocations by the built-in signature rules and the operator's ``signature_rules``."""
         models = policy.new_models(profile, min_samples=min_samples)
+        models.durations.signatures = SignatureRegistry(rules=signature_rules)
         rules = sharing or SharingRules()
-        config = (policy.name, profile, min_samples)
+        config = (policy.name, profile, min_samples, models.durations.signatures.key)
         return cls(models, config, layout=(FORMAT, rules), shared=SharedModels(rules))
 
     def reusable_as(self, fresh: ModelState) -> bool:
         """Whether this (restored) state was built exactly as ``fresh`` would be."""
         return self.config == fresh.config and self.layout == fresh.layout
+
+    def under_signatures_of(self, fresh: ModelState) -> ModelState | None:
+        """This (restored) state under ``fresh``'s signature rules, when only those differ,
+        else None: its invocation models are dropped (no other level depends on
+        signatures) and learn again from the next calls. For a log compacted past what a
+        replay would need; otherwise the log is replayed, which is exact."""
+        if self.config[:3] != fresh.config[:3] or self.layout != fresh.layout:
+            return None
+        durations = self.models.durations
+        durations.forget_invocations()
+        durations.signatures = fresh.models.durations.signatures
+        for tools in self.index.values():
+            for signatures in tools.values():
+                signatures.clear()
+        self.config = fresh.config
+        return self
 
     @property
     def version(self) -> int:

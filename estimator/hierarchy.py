@@ -190,6 +190,13 @@ class DurationHierarchy(Estimator):
             counts = self._names.setdefault(scope[2:], [0, 0])
             counts[1 if signature else 0] += 1
 
+    def forget_invocations(self) -> None:
+        """Drop every invocation model (their signatures were derived by other rules);
+        the tool, tenant and shared levels stay."""
+        self._models = {key: model for key, model in self._models.items() if not key[2]}
+        for counts in self._names.values():
+            counts[1] = 0
+
     def name_counts(self, tenant: str) -> tuple[int, int]:
         """``(distinct tool names, distinct (tool, signature) pairs)`` learned for ``tenant``."""
         tools, signatures = self._names.get(tenant, (0, 0))

@@ -277,6 +277,19 @@ def default_signature(tool: str, args: str) -> str:
     return "" if arguments is None else _named_command(arguments)
 
 
+def auto_signature(tool: str, args: str) -> str:
+    """The rule of earlier releases, kept so that their stored model snapshots still load
+    (their models are then learned again, ``SignatureRegistry.key``): JSON objects gave
+    their sorted keys, anything else was read as a command line.
+
+    >>> auto_signature("web_search", "python decimal rounding")
+    'python'
+    """
+    if args.lstrip().startswith("{"):
+        return json_signature(tool, args)
+    return shell_signature(tool, args)
+
+
 def no_signature(tool: str, args: str) -> str:
     """No signature: every call of the tool shares the tool's model."""
     return ""

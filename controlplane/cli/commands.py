@@ -44,6 +44,18 @@ def _add_name_limits(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_signature_rules(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--signature-rule",
+        action="append",
+        default=[],
+        metavar="TOOL=KIND",
+        help="how TOOL's calls get their argument signature, over the built-in rule (only "
+        "arguments that name a command give one): command, none, keys (of JSON "
+        "arguments) or regex:PATTERN (what it finds; its first group if any); repeatable",
+    )
+
+
 def register(commands: _SubParsers, bench: _SubParsers) -> None:
     """Add this package's subcommands to `cachettl` and `cachettl bench`."""
     _register_serve(commands)
@@ -73,6 +85,7 @@ def _register_serve(commands: _SubParsers) -> None:
         "--ttl-cap", type=float, default=DEFAULT_TTL_CAP_S, help="cachettl: TTL cap, seconds"
     )
     p.add_argument("--min-samples", type=int, default=100, help="back-off threshold K")
+    _add_signature_rules(p)
     p.add_argument(
         "--profile",
         default=DEFAULT_PROFILE,
@@ -128,6 +141,9 @@ def _serve(args: argparse.Namespace) -> int:
     from estimator import get_profile
 
     get_profile(args.profile)  # ValueError naming the valid profiles
+    from estimator.signatures import parse_rules
+
+    rules = parse_rules(args.signature_rule)  # ValueError naming the rule
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin set-up chatter
     limits = NameLimits(args.max_tools_per_tenant, args.max_signatures_per_tenant)
@@ -146,6 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.min_samples,
         profile=args.profile,
         name_limits=limits,
+        signature_rules=rules,
     )
     options = ServerOptions(
         listen=args.listen,
@@ -242,6 +259,7 @@ def _register_tools(commands: _SubParsers) -> None:
         parser.add_argument("--min-samples", type=int, default=100)
         parser.add_argument("--json", action="store_true", help="machine-readable output")
         _add_name_limits(parser)
+        _add_signature_rules(parser)
     listing.set_defaults(handler=_tools_handler("list"))
     show.set_defaults(handler=_tools_handler("show"))
 

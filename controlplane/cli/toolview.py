@@ -17,6 +17,7 @@ from controlplane.records import Tenant
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
 from estimator import RequestFacts
+from estimator.signatures import parse_rules
 
 __all__ = ["TYPICAL_CONTEXTS", "run"]
 
@@ -36,7 +37,10 @@ def run(action: str, args: argparse.Namespace, url: str) -> int:
     try:
         params: dict[str, float] = {}  # the policy's own defaults (cachettl: its TTL cap)
         limits = NameLimits(args.max_tools_per_tenant, args.max_signatures_per_tenant)
-        plane = ControlPlane(store, args.policy, params, args.min_samples, name_limits=limits)
+        rules = parse_rules(args.signature_rule)
+        plane = ControlPlane(
+            store, args.policy, params, args.min_samples, name_limits=limits, signature_rules=rules
+        )
         tenant = _tenant(plane, args.tenant)
         if action == "list":
             return _list(plane.list_tools(tenant.name), args.json)

@@ -49,6 +49,8 @@ def _sample(key: str, action: argparse.Action, tmp_path: Path) -> tuple[Any, Any
     """(a value other than the default, as the file writes it; the value the flag gets)."""
     if action.nargs == 0:
         return True, action.const
+    if isinstance(action, argparse._AppendAction):  # a repeatable flag: an array
+        return [f"value-of-{key}"], [f"value-of-{key}"]
     if action.choices is not None:
         choice = next(c for c in action.choices if c != action.default)
         return choice, choice
