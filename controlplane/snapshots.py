@@ -146,6 +146,7 @@ class SnapshotPayloads:
                 eta=stats.eta.get(),
                 queue_delay=duration(stats.queue.get(), "queue_delay"),
                 min_samples=state.models.durations.min_samples,
+                signature_rules=signature_rules(state),
             )
         points = points_per_model(len(keys))
         old = self._entries.get(tenant, {})
@@ -254,6 +255,11 @@ class _Published:
     field: bytes  # serialized WatchSnapshotsResponse(models=[its ToolModel])
 
 
+def signature_rules(state: ModelState) -> tuple[str, ...]:
+    """The operator's signature rules of ``state``'s models, as every reply carries them."""
+    return state.models.durations.signatures.key[1]
+
+
 @dataclass
 class _Table:
     """A tenant's published summaries: deltas build on any version from ``start`` on."""
@@ -261,7 +267,8 @@ class _Table:
     lineage: int
     start: int
     version: int = -1
-    header: tuple[float, float, int] = (1.0, 0.0, 0)  # eta, T, min_samples
+    #: η, T, min_samples, the signature rules.
+    header: tuple[float, float, int, tuple[str, ...]] = (1.0, 0.0, 0, ())
     entries: dict[inspection.ModelKey, _Published] = field(default_factory=dict)
     replies: dict[int, bytes] = field(default_factory=dict)  # base (0: full) -> reply
 
@@ -299,7 +306,12 @@ class CompactSnapshots:
             version = state.tenant_version(tenant, share)
             keys = inspection.snapshot_keys(state, tenant, share)
             stats = state.models.workload(tenant)
-            header = (stats.eta.get(), stats.queue.get(), state.models.durations.min_samples)
+            header = (
+                stats.eta.get(),
+                stats.queue.get(),
+                state.models.durations.min_samples,
+                signature_rules(state),
+            )
         old = self._tables.get(tenant)
         if old is not None and old.version == version and old.header == header:
             return version
@@ -363,7 +375,7 @@ class CompactSnapshots:
         return table.version, table.lineage, reply
 
     def _serialize(self, table: _Table, base: int, delta: bool) -> bytes:
-        eta, queue, min_samples = table.header
+        eta, queue, min_samples, rules = table.header
         header = model_pb2.WatchSnapshotsResponse(
             version=table.version,
             eta=eta,
@@ -373,6 +385,7 @@ class CompactSnapshots:
             base_version=base,
             lineage=table.lineage,
             cdf_error=self.resend,
+            signature_rules=rules,
         )
         parts = [header.SerializeToString()]
         parts += [e.field for e in table.entries.values() if not delta or e.version > base]

@@ -40,6 +40,7 @@ __all__ = [
     "json_object",
     "json_signature",
     "parse_rules",
+    "readable_rules",
     "shell_signature",
 ]
 
@@ -399,6 +400,24 @@ def parse_rules(texts: Iterable[str]) -> tuple[SignatureRule, ...]:
                 f"{str(rules[rule.tool])!r}"
             )
         rules[rule.tool] = rule
+    return tuple(rules.values())
+
+
+def readable_rules(texts: Iterable[str]) -> tuple[SignatureRule, ...]:
+    """The rules of ``texts`` this release can read, the first of each tool: what an
+    engine applies of the rules its control plane sends (a newer server's kind of rule
+    is skipped, and the tool keeps the built-in rule).
+
+    >>> [str(r) for r in readable_rules(["a=none", "b=future", "a=command"])]
+    ['a=none']
+    """
+    rules: dict[str, SignatureRule] = {}
+    for text in texts:
+        try:
+            rule = SignatureRule.parse(text)
+        except ValueError:
+            continue
+        rules.setdefault(rule.tool, rule)
     return tuple(rules.values())
 
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from controlplane.storage.rollouts import Rollout, RolloutMode
 from estimator import DurationHierarchy, Level, Models, TtlPolicy
+from estimator.signatures import SignatureRegistry, readable_rules
 from estimator.sketch import SketchModel, decode_points
 from estimator.workload import MemoryFactor, QueueDelay, RemainingTurns
 
@@ -86,6 +87,9 @@ class SnapshotData:
     lineage: int = 0
     #: The tenant's rollout (every reply carries it, deltas too); ``None``: none.
     rollout: Rollout | None = None
+    #: The server's signature rules (``TOOL=KIND``, every reply carries them): the engine
+    #: derives signatures as the server does (:mod:`estimator.signatures`).
+    signature_rules: tuple[str, ...] = ()
 
 
 def rollout_of(reply: object) -> Rollout | None:
@@ -186,7 +190,10 @@ def models_from_snapshot(
     base: Models | None = None,
 ) -> Models:
     """Models that decide as the control plane's would, with ``base``'s cost model."""
-    hierarchy = DurationHierarchy(min_samples=snapshot.min_samples, forget_on_drift=False)
+    signatures = SignatureRegistry(rules=readable_rules(snapshot.signature_rules))
+    hierarchy = DurationHierarchy(
+        min_samples=snapshot.min_samples, forget_on_drift=False, signatures=signatures
+    )
     for model in snapshot.models:
         level = Level(model.level)
         if level is Level.INVOCATION and not model.signature:
@@ -261,6 +268,7 @@ def follow(
                 r.base_version,
                 r.lineage,
                 rollout_of(r),
+                tuple(r.signature_rules),
             )
             yield follower.apply(snap) if follower.compact else snap
     except grpc.RpcError as error:

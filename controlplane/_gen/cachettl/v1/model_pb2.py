@@ -25,23 +25,23 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63\x61\x63hettl/v1/model.proto\x12\x0b\x63\x61\x63hettl.v1\x1a\x1egoogle/protobuf/duration.proto\"P\n\x15WatchSnapshotsRequest\x12\x15\n\rafter_version\x18\x01 \x01(\x04\x12\x0f\n\x07\x63ompact\x18\x02 \x01(\x08\x12\x0f\n\x07lineage\x18\x03 \x01(\x04\"\xcd\x01\n\tToolModel\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\t\x12 \n\x18sorted_durations_seconds\x18\x04 \x03(\x01\x12\x12\n\nsummarized\x18\x05 \x01(\x08\x12\x14\n\x0csample_count\x18\x06 \x01(\x04\x12\x13\n\x0b\x64rift_epoch\x18\x07 \x01(\r\x12\x17\n\x0fquantile_sketch\x18\x08 \x01(\x08\x12\x11\n\tlog_steps\x18\t \x03(\r\"\x93\x02\n\x16WatchSnapshotsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12&\n\x06models\x18\x02 \x03(\x0b\x32\x16.cachettl.v1.ToolModel\x12\x0b\n\x03\x65ta\x18\x03 \x01(\x01\x12.\n\x0bqueue_delay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bmin_samples\x18\x05 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x06 \x01(\x08\x12\x14\n\x0c\x62\x61se_version\x18\x07 \x01(\x04\x12\x0f\n\x07lineage\x18\x08 \x01(\x04\x12\x11\n\tcdf_error\x18\t \x01(\x01\x12%\n\x07rollout\x18\n \x01(\x0b\x32\x14.cachettl.v1.Rollout\"@\n\x07Rollout\x12&\n\x04mode\x18\x01 \x01(\x0e\x32\x18.cachettl.v1.RolloutMode\x12\r\n\x05tools\x18\x02 \x03(\t*\x8a\x01\n\x0bRolloutMode\x12\x1c\n\x18ROLLOUT_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10ROLLOUT_MODE_ALL\x10\x01\x12\x15\n\x11ROLLOUT_MODE_ONLY\x10\x02\x12\x17\n\x13ROLLOUT_MODE_EXCEPT\x10\x03\x12\x17\n\x13ROLLOUT_MODE_SHADOW\x10\x04\x32k\n\x0cModelService\x12[\n\x0eWatchSnapshots\x12\".cachettl.v1.WatchSnapshotsRequest\x1a#.cachettl.v1.WatchSnapshotsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63\x61\x63hettl/v1/model.proto\x12\x0b\x63\x61\x63hettl.v1\x1a\x1egoogle/protobuf/duration.proto\"P\n\x15WatchSnapshotsRequest\x12\x15\n\rafter_version\x18\x01 \x01(\x04\x12\x0f\n\x07\x63ompact\x18\x02 \x01(\x08\x12\x0f\n\x07lineage\x18\x03 \x01(\x04\"\xcd\x01\n\tToolModel\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\t\x12 \n\x18sorted_durations_seconds\x18\x04 \x03(\x01\x12\x12\n\nsummarized\x18\x05 \x01(\x08\x12\x14\n\x0csample_count\x18\x06 \x01(\x04\x12\x13\n\x0b\x64rift_epoch\x18\x07 \x01(\r\x12\x17\n\x0fquantile_sketch\x18\x08 \x01(\x08\x12\x11\n\tlog_steps\x18\t \x03(\r\"\xac\x02\n\x16WatchSnapshotsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12&\n\x06models\x18\x02 \x03(\x0b\x32\x16.cachettl.v1.ToolModel\x12\x0b\n\x03\x65ta\x18\x03 \x01(\x01\x12.\n\x0bqueue_delay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bmin_samples\x18\x05 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x06 \x01(\x08\x12\x14\n\x0c\x62\x61se_version\x18\x07 \x01(\x04\x12\x0f\n\x07lineage\x18\x08 \x01(\x04\x12\x11\n\tcdf_error\x18\t \x01(\x01\x12%\n\x07rollout\x18\n \x01(\x0b\x32\x14.cachettl.v1.Rollout\x12\x17\n\x0fsignature_rules\x18\x0b \x03(\t\"@\n\x07Rollout\x12&\n\x04mode\x18\x01 \x01(\x0e\x32\x18.cachettl.v1.RolloutMode\x12\r\n\x05tools\x18\x02 \x03(\t*\x8a\x01\n\x0bRolloutMode\x12\x1c\n\x18ROLLOUT_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10ROLLOUT_MODE_ALL\x10\x01\x12\x15\n\x11ROLLOUT_MODE_ONLY\x10\x02\x12\x17\n\x13ROLLOUT_MODE_EXCEPT\x10\x03\x12\x17\n\x13ROLLOUT_MODE_SHADOW\x10\x04\x32k\n\x0cModelService\x12[\n\x0eWatchSnapshots\x12\".cachettl.v1.WatchSnapshotsRequest\x1a#.cachettl.v1.WatchSnapshotsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cachettl.v1.model_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLLOUTMODE']._serialized_start=707
-  _globals['_ROLLOUTMODE']._serialized_end=845
+  _globals['_ROLLOUTMODE']._serialized_start=732
+  _globals['_ROLLOUTMODE']._serialized_end=870
   _globals['_WATCHSNAPSHOTSREQUEST']._serialized_start=72
   _globals['_WATCHSNAPSHOTSREQUEST']._serialized_end=152
   _globals['_TOOLMODEL']._serialized_start=155
   _globals['_TOOLMODEL']._serialized_end=360
   _globals['_WATCHSNAPSHOTSRESPONSE']._serialized_start=363
-  _globals['_WATCHSNAPSHOTSRESPONSE']._serialized_end=638
-  _globals['_ROLLOUT']._serialized_start=640
-  _globals['_ROLLOUT']._serialized_end=704
-  _globals['_MODELSERVICE']._serialized_start=847
-  _globals['_MODELSERVICE']._serialized_end=954
+  _globals['_WATCHSNAPSHOTSRESPONSE']._serialized_end=663
+  _globals['_ROLLOUT']._serialized_start=665
+  _globals['_ROLLOUT']._serialized_end=729
+  _globals['_MODELSERVICE']._serialized_start=872
+  _globals['_MODELSERVICE']._serialized_end=979
 # @@protoc_insertion_point(module_scope)

@@ -56,7 +56,7 @@ class ToolModel(_message.Message):
     def __init__(self, tool_name: _Optional[str] = ..., signature: _Optional[str] = ..., level: _Optional[str] = ..., sorted_durations_seconds: _Optional[_Iterable[float]] = ..., summarized: _Optional[bool] = ..., sample_count: _Optional[int] = ..., drift_epoch: _Optional[int] = ..., quantile_sketch: _Optional[bool] = ..., log_steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WatchSnapshotsResponse(_message.Message):
-    __slots__ = ("version", "models", "eta", "queue_delay", "min_samples", "delta", "base_version", "lineage", "cdf_error", "rollout")
+    __slots__ = ("version", "models", "eta", "queue_delay", "min_samples", "delta", "base_version", "lineage", "cdf_error", "rollout", "signature_rules")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     ETA_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class WatchSnapshotsResponse(_message.Message):
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
     CDF_ERROR_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_RULES_FIELD_NUMBER: _ClassVar[int]
     version: int
     models: _containers.RepeatedCompositeFieldContainer[ToolModel]
     eta: float
@@ -77,7 +78,8 @@ class WatchSnapshotsResponse(_message.Message):
     lineage: int
     cdf_error: float
     rollout: Rollout
-    def __init__(self, version: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ToolModel, _Mapping]]] = ..., eta: _Optional[float] = ..., queue_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_samples: _Optional[int] = ..., delta: _Optional[bool] = ..., base_version: _Optional[int] = ..., lineage: _Optional[int] = ..., cdf_error: _Optional[float] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
+    signature_rules: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ToolModel, _Mapping]]] = ..., eta: _Optional[float] = ..., queue_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_samples: _Optional[int] = ..., delta: _Optional[bool] = ..., base_version: _Optional[int] = ..., lineage: _Optional[int] = ..., cdf_error: _Optional[float] = ..., rollout: _Optional[_Union[Rollout, _Mapping]] = ..., signature_rules: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Rollout(_message.Message):
     __slots__ = ("mode", "tools")
