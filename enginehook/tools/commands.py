@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from enginehook.core.rules import SchedulingRules
+from enginehook.tools import faultbench
 
 
 def register(
@@ -62,6 +63,7 @@ def register(
     p.set_defaults(handler=_bench_vllm)
     _register_bench_agent(bench)
     _register_bench_router(bench)
+    faultbench.register(bench)  # cachettl bench fault-engine-death
 
 
 def _register_bench_router(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
