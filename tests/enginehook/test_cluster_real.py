@@ -307,3 +307,78 @@ def test_a_worker_removed_and_added_back(cluster: Cluster, policy: str) -> None:
             assert turn.engine != previous.engine or _hit(previous, turn)
     for engine in cluster.engines:  # no pin left behind
         assert cluster.metric(engine, "cachettl_pins_held") == 0
+
+
+#: Dashboard queries the check of a real scrape leaves out, each with why (keyed as
+#: tests.enginehook.scrape.queries names them). None: a panel whose series appears only
+#: under a fault is written ``... or vector(0)`` instead.
+NOT_CHECKED: dict[str, str] = {}
+
+
+def test_the_dashboard_and_recording_rules_answer_from_a_real_scrape(
+    cluster: Cluster, pg_schema: str
+) -> None:
+    """Prometheus scrapes both engines' hooks, vllm-router and one more control-plane replica
+    (the fixture's serve no /metrics) every second while programs run through the router
+    (one changes its prompt: a miss) and a client asks that replica for decisions. Then
+    every dashboard query and every recording rule answers with data, every rule evaluates
+    without error, and the dashboard's variables list the tenant, the engines and the replica
+    (deploy/prometheus, deploy/grafana)."""
+    from controlplane.rpc.client import ControlPlaneClient, ToolCall
+    from tests.enginehook import scrape
+
+    db = f"{PG_BASE}?options=-csearch_path%3D{pg_schema}"
+    router = cluster.router("consistent_hash")
+    programs, rng = _programs("observed", 4, seed=23)
+    try:
+        with scrape.observed_replica(db, cluster.work) as (port, metrics):
+            targets = {
+                "engine": [f"127.0.0.1:{e.metrics_port}" for e in cluster.engines],
+                "control-plane": [f"127.0.0.1:{metrics}"],
+                "router": [f"127.0.0.1:{router.metrics_port}"],
+            }
+            with (
+                scrape.prometheus(cluster.work, targets, "agents") as prom,
+                ControlPlaneClient(f"127.0.0.1:{port}", (cluster.work / "token").read_text()) as cp,
+            ):
+                cp.record_tool_calls(
+                    [ToolCall(f"observed-{uuid.uuid4()}", "observed", "ls", "", 0.5)]
+                )
+                for index in range(3):
+                    if index == 1:  # the client re-renders the first program's system prompt
+                        programs[0].messages[0]["content"] = random_words(rng, 40)
+                    for program in programs:
+                        program.turn(router.url, rng, last=index == 2)
+                        cp.decide_ttl("bash", "pytest -x", context_tokens=500)
+                _every_query_answers(prom, scrape.queries(NOT_CHECKED))
+                bad = [
+                    (rule["name"], rule.get("lastError"))
+                    for group in prom.get("/api/v1/rules")["groups"]
+                    for rule in group["rules"]
+                    if rule["health"] not in ("ok", "unknown") or rule.get("lastError")
+                ]
+                assert bad == []
+                assert scrape.variable_values(prom) == {
+                    "tenant": ["agents"],
+                    "engine": sorted(targets["engine"]),
+                    "control_plane": targets["control-plane"],
+                }
+    except BaseException:
+        _drop_unfinished(cluster, programs)
+        raise
+    finally:
+        router.stop()
+
+
+def _every_query_answers(prom: Any, queries: dict[str, str]) -> None:
+    """Within 60 s, every one of ``queries`` returns data (an error answer fails at once)."""
+    empty: list[str] = []
+
+    def answered() -> bool:
+        empty[:] = [key for key, expr in queries.items() if not prom.query(expr)]
+        return not empty
+
+    try:
+        wait_for(answered, 60, "every query to return data")
+    except TimeoutError:
+        raise AssertionError(f"no data: {[(key, queries[key]) for key in empty]}") from None
