@@ -12,7 +12,6 @@ one after the other in this module (one engine at a time).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,20 +108,20 @@ def _engine(model: Path, hook: dict[str, Any] | None) -> Driver:
 
 
 @pytest.fixture(scope="module")
-def stock(tiny_model: Path, inproc: None) -> Iterator[Replay]:
+def stock(tiny_model: Path, inproc: None) -> Replay:
     driver = _engine(tiny_model, None)
     replay = Replay(driver)
     try:
         replay.run()
     finally:
         shutdown(driver.llm)
-    yield replay
+    return replay
 
 
 @pytest.fixture(scope="module")
 def shadow(
     stock: Replay, tiny_model: Path, inproc: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Replay, list[dict[str, Any]], dict[str, Any]]]:
+) -> tuple[Replay, list[dict[str, Any]], dict[str, Any]]:
     log = tmp_path_factory.mktemp("shadow") / "events.jsonl"
     driver = _engine(tiny_model, {**SHADOW, "event_log": str(log)})
     clock = FakeClock()
@@ -138,7 +137,7 @@ def shadow(
     finally:
         shutdown(driver.llm)
     events = [json.loads(line) for line in log.read_text().splitlines()]
-    yield replay, events, counters
+    return replay, events, counters
 
 
 def test_shadow_mode_schedules_as_stock_vllm_at_every_step(stock, shadow):
