@@ -73,22 +73,10 @@ def test_every_alert_is_tested_firing_and_not() -> None:
     assert sorted((firing | quiet) - alerts) == [], "tests of alerts that do not exist"
 
 
-def _anchors(markdown: str) -> set[str]:
-    """The ids mkdocs gives the page's headings (lower case, punctuation dropped, spaces to
-    hyphens), and explicit ``{ #id }`` ones."""
-    anchors = set()
-    for heading in re.findall(r"^#+ (.+)$", markdown, re.M):
-        explicit = re.search(r"\{ *#([\w-]+) *\}", heading)
-        if explicit:
-            anchors.add(explicit.group(1))
-            continue
-        slug = re.sub(r"[^\w\s-]", "", heading.strip().lower())
-        anchors.add(re.sub(r"\s+", "-", slug))
-    return anchors
-
-
 def test_every_alert_says_what_and_where_to_read() -> None:
-    anchors = _anchors(OPERATIONS.read_text())
+    from tests.docs.pages import anchors as github_anchors
+
+    anchors = github_anchors(OPERATIONS)
     for name, rule in _alerts().items():
         notes = rule.get("annotations", {})
         assert {"summary", "description", "runbook_url"} <= set(notes), name
