@@ -7,13 +7,18 @@ tier detected from the engine's config; the endpoint also takes routers' pin com
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import sys
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from enginehook.config import HookConfig, detect_cpu_tier
 from enginehook.core.host import FinishedTurn
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport
+from enginehook.hints.sessions import ENGINE_ENV
 from enginehook.link.base import EventSink
 from enginehook.link.decide import TtlDecider
 from enginehook.link.sinks import build_sink
@@ -22,7 +27,7 @@ from enginehook.vllm.metrics import HookMetrics
 from enginehook.vllm.pin_commands import PinCommands
 from estimator import Decision, RequestFacts
 
-__all__ = ["HookServices", "cold_start_warning", "linked_line"]
+__all__ = ["HookServices", "cold_start_warning", "engine_id", "linked_line"]
 
 logger = logging.getLogger("enginehook")
 
@@ -38,7 +43,7 @@ class HookServices:
         self, config: HookConfig, vllm_config: Any, commands: PinCommands | None = None
     ) -> None:
         self.config = config
-        self.engine_id = uuid.uuid4().hex[:12]
+        self.engine_id = engine_id()
         self.metrics = HookMetrics()
         self.decider = TtlDecider(
             config.policy,
@@ -106,6 +111,47 @@ class HookServices:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+#: Characters of the engine's name kept in its id (event ids begin with the id).
+ENGINE_NAME_CHARS = 32
+
+
+def engine_id(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The id this engine reports to the control plane: its name, then ``#`` and six hex
+    digits that tell this start of it from others of the same name (a restart, or two
+    engines given one name), which keeps event ids and program locations apart.
+
+    The name is the one the API server's ``X-CacheTTL-Engine`` header gives
+    (:data:`enginehook.hints.sessions.ENGINE_ENV`, ``$CACHETTL_ENGINE_NAME``), else the
+    server's ``host:port`` from its command line (``--host``, ``--port``; the machine's
+    name for an address that listens everywhere, port 8000 by default).
+
+    >>> engine_id([], {"CACHETTL_ENGINE_NAME": "gpu-node-3"})[:11]
+    'gpu-node-3#'
+    >>> engine_id(["api_server", "--host", "10.0.0.7", "--port=8001"], {})[:14]
+    '10.0.0.7:8001#'
+    """
+    argv = sys.argv if argv is None else argv
+    environ = os.environ if environ is None else environ
+    name = environ.get(ENGINE_ENV, "").strip()
+    if not name:
+        host, port = _option(argv, "--host"), _option(argv, "--port") or "8000"
+        if not host or host in ("0.0.0.0", "::"):
+            host = socket.gethostname()
+        name = f"{host}:{port}"
+    name = "".join(c if c.isprintable() and c != "#" else "?" for c in name)
+    return f"{name[:ENGINE_NAME_CHARS]}#{uuid.uuid4().hex[:6]}"
+
+
+def _option(argv: Sequence[str], flag: str) -> str:
+    """The value of ``flag`` in a command line (``--flag V`` or ``--flag=V``; "" if absent)."""
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith(flag + "="):
+            return word[len(flag) + 1 :]
+    return ""
 
 
 def linked_line(config: HookConfig, endpoint: str, engine_id: str) -> str:
