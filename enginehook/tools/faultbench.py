@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enginehook.tools import faultstore
 from enginehook.tools.cluster import ClusterEngine, Router
 from enginehook.tools.servers import ControlPlaneProcess, free_port, wait_for
 from enginehook.tools.tinymodel import build_tiny_llama, random_words
@@ -358,6 +359,7 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--sessions", type=int, default=6, help="programs open at the kill")
     p.add_argument("--work", default="", help="folder for logs and the model (default: a temp)")
     p.set_defaults(handler=_bench)
+    faultstore.register(bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
