@@ -41,6 +41,26 @@ def clip(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 #: RESOURCE_EXHAUSTED (the engine hook) treat such an answer as final.
 RETRYABLE_KEY = "cachettl-retryable"
 
+#: Trailing metadata key of a call refused for its tenant's share of the server
+#: (RESOURCE_EXHAUSTED, :mod:`controlplane.rpc.lanes`): milliseconds to wait before
+#: sending again.
+RETRY_AFTER_KEY = "cachettl-retry-after-ms"
+
+
+def retry_after_s(error: BaseException) -> float | None:
+    """The delay an error answer asks for before a retry (:data:`RETRY_AFTER_KEY`), in
+    seconds; None when it names none (a gRPC error's trailing metadata, read duck-typed)."""
+    trailer = getattr(error, "trailing_metadata", None)
+    if not callable(trailer):
+        return None
+    for key, value in trailer() or ():
+        if key == RETRY_AFTER_KEY:
+            try:
+                return max(0.0, int(value) / 1000)
+            except ValueError:
+                return None
+    return None
+
 
 class ControlPlaneError(Exception):
     """Base class of the control plane's errors. ``retryable``: whether sending the same

@@ -36,6 +36,7 @@ from controlplane.records import (
 from controlplane.sharing import SharingRules
 from controlplane.snapshots import (
     CompactSnapshots,
+    RolloutBoard,
     SnapshotPayloads,
     dumps_off_process,
     in_slices,
@@ -102,6 +103,8 @@ class ControlPlane:
         self.sharing = sharing or SharingRules()
         self._payloads = SnapshotPayloads(LOCK_SLICE_S)
         self.compact = CompactSnapshots(LOCK_SLICE_S)
+        #: The tenants' rollouts (``cachettl rollout set``), read with each catch-up.
+        self.rollouts = RolloutBoard()
         self.state = self._restore()
 
     # -- start-up and the log ---------------------------------------------------------
@@ -181,9 +184,12 @@ class ControlPlane:
         return resigned
 
     def catch_up(self) -> int:
-        """Learn every committed row past the current position; returns how many."""
+        """Learn every committed row past the current position, and read the tenants'
+        rollouts again; returns how many rows."""
         with self._write_lock:
-            return self._catch_up()
+            applied = self._catch_up()
+        self.rollouts.refresh(self.store)
+        return applied
 
     def _catch_up(self) -> int:
         # Under the write lock (positions move only under it): the log is read without the
@@ -271,8 +277,10 @@ class ControlPlane:
 
     def tenant_version(self, tenant: Tenant) -> int:
         """The model version ``tenant`` is told (its own events, and shared publications
-        if it shares): never a function of another tenant's volume alone."""
-        return self.state.tenant_version(tenant.name, tenant.share)
+        if it shares, plus its rollout's version): never a function of another tenant's
+        volume alone."""
+        rollout = self.rollouts.version(tenant.name)
+        return self.state.tenant_version(tenant.name, tenant.share) + rollout
 
     def write_snapshot(self) -> bool:
         """Store a snapshot if the models changed since the last one (write-behind).
@@ -356,16 +364,21 @@ class ControlPlane:
 
         Batches that arrive while another is being written are committed together, in one
         transaction, by the next writer (a group commit): a store round trip is shared by
-        all of them; each batch gets its own result or error.
+        all of them; each batch gets its own result or error. A group holds at most
+        ``GROUP_EVENTS`` events (or one batch), smallest batches first and batches already
+        passed over before them (:func:`_group`): a small batch waits for at most the one
+        large batch being written, not for every large batch queued with it.
         """
         time.sleep(0)  # after the caller's validation: a waiting thread takes the GIL now
         mine = _Pending(tenant, calls)
         with self._queue_lock:
             self._queued.append(mine)
-        with self._write_lock:
-            if not mine.finished:  # else an earlier writer committed it with its group
+        while not mine.finished:
+            with self._write_lock:
+                if mine.finished:  # an earlier writer committed it with its group
+                    break
                 with self._queue_lock:
-                    group, self._queued = self._queued, []
+                    group, self._queued = _group(self._queued)
                 self._commit(group)
         if mine.error is not None:
             raise mine.error
@@ -475,7 +488,7 @@ class ControlPlane:
         facts = replace(facts, tenant=tenant.name, share=tenant.share)
         with self._lock:
             decision = self.policy.decide(facts, self.state.models)
-            return decision, self.state.tenant_version(tenant.name, tenant.share)
+            return decision, self.tenant_version(tenant)
 
     def list_tools(self, tenant: str) -> list[inspection.ToolView]:
         """The tenant's tools, built a slice at a time (never the lock for long)."""
@@ -507,12 +520,14 @@ class ControlPlane:
         """``tenant``'s serialized ``WatchSnapshotsResponse`` and its version, built
         incrementally a slice at a time (``controlplane.snapshots``); call it off the
         event loop."""
-        return self._payloads.build(self.state, self._lock, tenant.name, tenant.share)
+        rollout = self.rollouts.get(tenant.name)
+        return self._payloads.build(self.state, self._lock, tenant.name, tenant.share, rollout)
 
     def update_compact(self, tenant: Tenant) -> int:
         """Bring ``tenant``'s compact summaries (``self.compact``) up to its version now,
         a slice at a time; call it off the event loop."""
-        return self.compact.update(self.state, self._lock, tenant.name, tenant.share)
+        rollout = self.rollouts.get(tenant.name)
+        return self.compact.update(self.state, self._lock, tenant.name, tenant.share, rollout)
 
     def forget_snapshots(self, tenant: Tenant) -> int:
         """Drop what ``snapshot_payload`` and ``update_compact`` keep for ``tenant`` (its
@@ -533,17 +548,52 @@ def _load_snapshot(payload: bytes) -> ModelState | None:
         return None
 
 
-class _Pending:
-    """A batch waiting for a group commit: its result, or its error, once finished."""
+#: Events a group commit takes at most (a larger batch is committed alone).
+GROUP_EVENTS = 1000
 
-    __slots__ = ("calls", "error", "finished", "result", "tenant")
+
+class _Pending:
+    """A batch waiting for a group commit: its result, or its error, once finished;
+    ``passed``: groups committed without it while it waited."""
+
+    __slots__ = ("calls", "error", "finished", "passed", "result", "tenant")
 
     def __init__(self, tenant: Tenant, calls: Sequence[ToolCall]) -> None:
         self.tenant, self.calls = tenant, calls
         self.result: AppendResult | None = None
         self.error: BaseException | None = None
         self.finished = False
+        self.passed = 0
 
     def fail(self, error: BaseException) -> None:
         if self.error is None and self.result is None:
             self.error = error
+
+
+def _group(queued: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+    """The next group commit out of ``queued`` and what stays queued: batches passed over
+    before go first (a large batch waits for at most one group), then the smallest, up to
+    ``GROUP_EVENTS`` events (at least one batch). Within a group, batches keep the order
+    they came in.
+
+    >>> calls = lambda n: [None] * n
+    >>> big, small = _Pending(None, calls(1000)), _Pending(None, calls(10))
+    >>> group, rest = _group([big, small])
+    >>> [len(p.calls) for p in group], [len(p.calls) for p in rest], big.passed
+    ([10], [1000], 1)
+    >>> [len(p.calls) for p in _group(rest)[0]]
+    [1000]
+    """
+    order = sorted(range(len(queued)), key=lambda i: (-queued[i].passed, len(queued[i].calls)))
+    taken: set[int] = set()
+    events = 0
+    for i in order:
+        n = len(queued[i].calls)
+        if taken and events + n > GROUP_EVENTS:
+            continue
+        taken.add(i)
+        events += n
+    rest = [p for i, p in enumerate(queued) if i not in taken]
+    for p in rest:
+        p.passed += 1
+    return [p for i, p in enumerate(queued) if i in taken], rest

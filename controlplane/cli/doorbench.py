@@ -4,8 +4,9 @@ door to another tenant's decisions.
 Starts two ``cachettl serve --console`` processes on fresh SQLite stores (the second is the
 control: it takes the same attack, so that the machine carries the same load while the
 first server is timed untouched) and measures, from this process, the timed tenant's paced
-``DecideTtl`` latency and its logged-in viewer's page loads (on a keep-alive connection, as
-a browser, and on a new connection each time):
+``DecideTtl`` latency, its own ingest (a batch of 10 events every 50 ms, as an engine's)
+and its logged-in viewer's page loads (on a keep-alive connection, as a browser, and on a
+new connection each time):
 
 1. quiet: nothing else runs;
 2. control: the attack (:mod:`controlplane.cli.attacks`, ``--attack``) against the
@@ -13,8 +14,8 @@ a browser, and on a new connection each time):
 3. attack: the same against the *first* server.
 
 Printed per phase: ``DecideTtl`` p50/p99 (ms) and their ratios to quiet and control, the
-viewer's pages answered, what the attack did, and the timed server's log growth (bytes a
-minute). The doors' contract: attack p99 within 2× quiet, or within 1.3× the control's where
+viewer's pages answered, what the attack did, the timed server's log growth (bytes a
+minute), and the timed tenant's own ingest p99 with its ratio to quiet (and calls refused). The doors' contract: attack p99 within 2× quiet, or within 1.3× the control's where
 the attack's processes load this machine; the viewer's pages answered; log growth under
 1 MB a minute.
 """
@@ -165,17 +166,41 @@ class _Viewer:
             stop.wait(0.5)
 
 
+def _ingest(server: _Server, stop: threading.Event, out: list[float]) -> None:
+    """The timed tenant's own ingest, as an engine's: a batch of 10 events every 50 ms,
+    each call's latency (inf: refused or failed)."""
+    from controlplane.records import ToolCall
+    from controlplane.rpc.client import ControlPlaneClient
+
+    with ControlPlaneClient(server.grpc, server.token, timeout_s=60) as client:
+        b = 0
+        while not stop.is_set():
+            b += 1
+            calls = [
+                ToolCall(f"v{time.time_ns()}-{b}-{i}", f"v{i}", "bash", "ls -l", 0.3)
+                for i in range(10)
+            ]
+            start = time.perf_counter()
+            try:
+                client.record_tool_calls(calls)
+                out.append(time.perf_counter() - start)
+            except Exception:
+                out.append(float("inf"))
+            stop.wait(0.05)
+
+
 def _phase(server: _Server, viewer: _Viewer, rate: float, seconds: float) -> tuple[Any, ...]:
-    """Paced DecideTtl latencies, the viewer's statuses (kept and fresh connections) and
-    the log's growth in bytes."""
+    """Paced DecideTtl latencies, the viewer's statuses (kept and fresh connections), the
+    log's growth in bytes and the timed tenant's ingest latencies."""
     from controlplane.cli.benchload import paced_latency
 
     size = server.log.stat().st_size
-    stop, kept, fresh = threading.Event(), list[int](), list[int]()
+    stop, kept, fresh, ingest = threading.Event(), list[int](), list[int](), list[float]()
     threads = [
         threading.Thread(target=viewer.run, args=(stop, out, new))
         for out, new in ((kept, False), (fresh, True))
     ]
+    threads.append(threading.Thread(target=_ingest, args=(server, stop, ingest)))
     for thread in threads:
         thread.start()
     try:
@@ -184,7 +209,7 @@ def _phase(server: _Server, viewer: _Viewer, rate: float, seconds: float) -> tup
         stop.set()
         for thread in threads:
             thread.join(60)
-    return latencies, kept, fresh, server.log.stat().st_size - size
+    return latencies, kept, fresh, server.log.stat().st_size - size, ingest
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -223,15 +248,20 @@ def _run(args: argparse.Namespace) -> int:
 def _table(rows: list[tuple[Any, ...]], seconds: float) -> None:
     quiet_p99 = float(np.percentile(rows[0][1], 99)) * 1e3
     control_p99 = float(np.percentile(rows[1][1], 99)) * 1e3
+    quiet_ingest = float(np.percentile(rows[0][5], 99)) * 1e3
     print(
         "phase    p50 ms  p99 ms  p99/quiet  p99/control  pages: kept  new conn  "
-        "attack done (ready+during)  log B/min"
+        "attack done (ready+during)  log B/min  own ingest: p99 ms  p99/quiet  refused"
     )
-    for name, lat, kept, fresh, grew, ready, total in rows:
+    for name, lat, kept, fresh, grew, ingest, ready, total in rows:
         p50, p99 = (float(np.percentile(lat, q)) * 1e3 for q in (50, 99))
         kept_ok, fresh_ok = (sum(1 for s in got if s == 200) for got in (kept, fresh))
+        answered = [t for t in ingest if t != float("inf")]
+        ingest_p99 = float(np.percentile(answered, 99)) * 1e3 if answered else float("nan")
         print(
             f"{name:<8} {p50:6.2f}  {p99:6.2f}  {p99 / quiet_p99:9.2f}  {p99 / control_p99:11.2f}  "
             f"{kept_ok:>5}/{len(kept):<5} {fresh_ok:>4}/{len(fresh):<4} "
-            f"{ready:>9}+{total - ready:<16} {grew * 60.0 / seconds:>9.0f}"
+            f"{ready:>9}+{total - ready:<16} {grew * 60.0 / seconds:>9.0f}  "
+            f"{ingest_p99:>17.1f}  {ingest_p99 / quiet_ingest:9.2f}  "
+            f"{len(ingest) - len(answered):>7}"
         )

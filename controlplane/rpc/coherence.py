@@ -15,7 +15,6 @@ after the server heard of it.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
 from controlplane.errors import InvalidInputError
 from controlplane.records import LIMITS, Tenant
 from controlplane.rpc.gate import Gate
+from controlplane.rpc.lanes import Lanes
 from controlplane.rpc.moves import CoherenceHub
 from controlplane.service import ControlPlane
 from controlplane.storage.locations import shared_locations
@@ -105,10 +105,13 @@ class CoherenceMethods:
 
     plane: ControlPlane
     gate: Gate
+    lanes: Lanes
 
     @cached_property
     def coherence(self) -> CoherenceHub:
-        return CoherenceHub(shared=shared_locations(self.plane.store))
+        hub = CoherenceHub(shared=shared_locations(self.plane.store))
+        hub.off_loop = self.lanes.run  # the tenant's share of the server, as other doors
+        return hub
 
     async def ReportArrivals(  # noqa: N802 - gRPC method name
         self,
@@ -118,7 +121,7 @@ class CoherenceMethods:
     ) -> cluster_pb2.ReportArrivalsResponse:
         self.gate.arrivals(tenant.name, len(request.arrivals))
         # Checking a full report takes milliseconds: off the event loop, where decisions run.
-        report = await asyncio.to_thread(arrivals, request, time.time())
+        report = await self.lanes.run(tenant.name, arrivals, request, time.time())
         moved = await self.coherence.report(tenant, report.engine_id, report.arrived)
         self.coherence.arrivals_refused += len(report.refused)
         return cluster_pb2.ReportArrivalsResponse(

@@ -78,6 +78,12 @@ class Budgets:
     #: hold a whole snapshot per stream). A tenant holding none may always send one.
     send_bytes_per_tenant: int = 16 << 20
     send_bytes_total: int = 128 << 20
+    #: Threads that run the doors' blocking work (validation, storage, learning, arrivals,
+    #: inspection, snapshot building), least-served tenant first
+    #: (:mod:`controlplane.rpc.lanes`), and how long a call may wait for one before it is
+    #: refused with a retry hint.
+    lane_threads: int = 3
+    lane_wait_s: float = 2.0
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

@@ -42,7 +42,8 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
 
 from controlplane._gen.cachettl.v1.cluster_pb2 import WatchMovesResponse
 from controlplane.coherence import ProgramLocations
@@ -119,6 +120,9 @@ class CoherenceHub:
         self._listening: asyncio.Task[None] | None = None
         self._maintaining: asyncio.Task[None] | None = None
         self._here_lock = threading.Lock()
+        #: Runs a report's blocking part, ``off_loop(tenant, fn, *args)`` (the server sets
+        #: its fair lanes, :mod:`controlplane.rpc.lanes`; alone, a worker thread).
+        self.off_loop: Callable[..., Awaitable[Any]] = _to_thread
         self._late_logged = float("-inf")
         #: Moves told to a watching engine, per (tenant, engine the program left).
         self.told: Counter[tuple[str, str]] = Counter()
@@ -156,12 +160,14 @@ class CoherenceHub:
         if not arrived:
             return 0
         if self.shared is None:
-            moves = await asyncio.to_thread(self._report_here, tenant.name, engine, arrived)
+            moves = await self.off_loop(
+                tenant.name, self._report_here, tenant.name, engine, arrived
+            )
         else:
             if self._maintaining is None:
                 self._maintaining = asyncio.create_task(self._maintain())
             report = self.shared.report
-            moves = await asyncio.to_thread(report, tenant, engine, arrived, self.replica)
+            moves = await self.off_loop(tenant.name, report, tenant, engine, arrived, self.replica)
         for start in range(0, len(moves), TELL_SLICE):  # other calls run in between
             self.tell(tenant.name, moves[start : start + TELL_SLICE])
             await asyncio.sleep(0)
@@ -402,3 +408,7 @@ class CoherenceHub:
         if not self._watchers and self._listening is not None:
             self._listening.cancel()
             self._listening = None
+
+
+async def _to_thread(tenant: str, fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.to_thread(fn, *args)

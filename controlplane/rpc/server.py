@@ -23,8 +23,10 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import re
 import signal
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ from controlplane._gen.cachettl.v1 import cluster_pb2, events_pb2, inspect_pb2, 
 from controlplane.records import LIMITS, Limits
 from controlplane.rpc.auth import AuthOptions
 from controlplane.rpc.gate import Budgets
+from controlplane.rpc.lanes import SWITCH_INTERVAL_S
 from controlplane.rpc.metrics import Metrics
 from controlplane.rpc.servicer import Servicer, generic_handlers
 from controlplane.service import ControlPlane
@@ -206,6 +209,18 @@ _ADMISSION_FLAGS: tuple[tuple[str, str, type, str], ...] = (
         "arrivals_per_tenant_s",
         int,
         "turn arrivals a tenant may report per second (pin coherence)",
+    ),
+    (
+        "--lane-threads",
+        "lane_threads",
+        int,
+        "threads serving the doors' work (ingest, arrivals, inspection), least-served tenant first",
+    ),
+    (
+        "--lane-wait",
+        "lane_wait_s",
+        float,
+        "seconds a call may wait for a lane thread before it is refused with a retry hint",
     ),
     ("--auth-fresh", "fresh_s", float, "seconds a token lookup is trusted as is"),
     (
@@ -436,7 +451,12 @@ async def until_signalled() -> None:
 
 
 async def serve(plane: ControlPlane, options: ServerOptions) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    """Run until SIGTERM or SIGINT, then shut down gracefully.
+
+    A serving process lets a thread that wants the interpreter lock in after
+    ``SWITCH_INTERVAL_S`` rather than CPython's 5 ms (:mod:`controlplane.rpc.lanes`): the
+    event loop answering decisions waits at most that long behind the doors' threads."""
+    sys.setswitchinterval(float(os.environ.get("CACHETTL_SWITCH_INTERVAL_S", SWITCH_INTERVAL_S)))
     server = ControlPlaneServer(plane, options)
     port = await server.start()
     print(f"cachettl control plane on port {port} (policy {plane.policy_name})", flush=True)

@@ -18,7 +18,6 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
@@ -30,6 +29,7 @@ from google.protobuf.message_factory import GetMessageClass
 from controlplane import inspection, validation
 from controlplane._gen.cachettl.v1 import events_pb2, inspect_pb2, model_pb2, ttl_pb2
 from controlplane.errors import (
+    RETRY_AFTER_KEY,
     RETRYABLE_KEY,
     AuthenticationError,
     InvalidInputError,
@@ -47,6 +47,7 @@ from controlplane.rpc.auth import AuthOptions, TenantCache
 from controlplane.rpc.coherence import CoherenceMethods
 from controlplane.rpc.gate import Budgets, Gate, until
 from controlplane.rpc.heap import HeapTrimmer
+from controlplane.rpc.lanes import Lanes
 from controlplane.rpc.metrics import Metrics
 from controlplane.rpc.sends import SendBudget
 from controlplane.service import ControlPlane
@@ -80,12 +81,35 @@ class Malformed:
         return str(self.error)
 
 
+#: Requests larger than this are parsed on a lane thread, in the tenant's share of the
+#: server (:mod:`controlplane.rpc.lanes`), not on the event loop that answers decisions:
+#: a 4 MB batch took the loop 5 ms.
+PARSE_ON_LOOP_BYTES = 64 << 10
+
+
+class Unparsed:
+    """A request too large to parse on the event loop: parsed later, on a lane."""
+
+    def __init__(self, cls: type[Message], data: bytes) -> None:
+        self.cls = cls
+        self.data = data
+
+    def parse(self) -> object:
+        return _parse(self.cls, self.data)
+
+
+def _parse(cls: type[Message], data: bytes) -> object:
+    try:
+        return cls.FromString(data)
+    except DecodeError as error:
+        return Malformed(error)
+
+
 def _parser(cls: type[Message]) -> Callable[[bytes], object]:
     def parse(data: bytes) -> object:
-        try:
-            return cls.FromString(data)
-        except DecodeError as error:
-            return Malformed(error)
+        if len(data) > PARSE_ON_LOOP_BYTES:
+            return Unparsed(cls, data)
+        return _parse(cls, data)
 
     return parse
 
@@ -147,8 +171,12 @@ def _code(error: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 def _trailer(error: Exception) -> tuple[tuple[str, str], ...]:
-    """Trailing metadata of an error answer: marks one that retrying cannot cure."""
-    return () if getattr(error, "retryable", True) else ((RETRYABLE_KEY, "false"),)
+    """Trailing metadata of an error answer: marks one that retrying cannot cure, and says
+    how long to wait before retrying one refused for the tenant's share of the server."""
+    if not getattr(error, "retryable", True):
+        return ((RETRYABLE_KEY, "false"),)
+    after = getattr(error, "retry_after_s", None)
+    return () if after is None else ((RETRY_AFTER_KEY, str(round(after * 1000))),)
 
 
 class Servicer(CoherenceMethods):
@@ -176,10 +204,12 @@ class Servicer(CoherenceMethods):
         self.snapshot_streams = 0  # WatchSnapshots streams open
         self._builds: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
         self._compact_builds: dict[str, asyncio.Future[int]] = {}
-        # Views (listings, distributions, snapshots) are built on one thread of their
-        # own: they hold the model lock a slice at a time, and fewer threads competing
-        # for the GIL keep those slices short.
-        self._views = ThreadPoolExecutor(1, "cachettl-views")
+        # The doors' blocking work runs on lanes, least-served tenant first
+        # (controlplane.rpc.lanes). Views (listings, distributions, snapshots) have one
+        # thread of their own: they hold the model lock a slice at a time, and fewer
+        # threads competing for the GIL keep those slices short.
+        self.lanes = Lanes(b.lane_threads, max_wait_s=b.lane_wait_s)
+        self.views = Lanes(1, max_wait_s=b.lane_wait_s)
         self._latest: dict[str, tuple[int, bytes]] = {}
         self._slow_logged: dict[str, float] = {}
 
@@ -199,10 +229,11 @@ class Servicer(CoherenceMethods):
         if "coherence" in self.__dict__:  # created (cached_property) by a first call
             self.coherence.close()
         self.tenants.close()
-        self._views.shutdown(wait=False, cancel_futures=True)
+        self.lanes.close()
+        self.views.close()
 
-    async def _view(self, fn: Callable[..., R], *args: Any) -> R:
-        return await asyncio.get_running_loop().run_in_executor(self._views, fn, *args)
+    async def _view(self, tenant: str, fn: Callable[..., R], *args: Any) -> R:
+        return await self.views.run(tenant, fn, *args)
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -226,8 +257,10 @@ class Servicer(CoherenceMethods):
             self.metrics.observe_rpc(method, code, time.perf_counter() - start)
         raise AssertionError("unreachable")  # abort() always raises
 
-    async def _request(self, requests: AsyncIterator[Any]) -> Any:
+    async def _request(self, tenant: Tenant, requests: AsyncIterator[Any]) -> Any:
         request = await self.gate.message(requests)
+        if isinstance(request, Unparsed):
+            request = await self.lanes.run(tenant.name, request.parse)
         if isinstance(request, Malformed):
             raise InvalidInputError("request", f"malformed protobuf message: {request}")
         return request
@@ -240,7 +273,7 @@ class Servicer(CoherenceMethods):
         async def behavior(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> R:
             async def run() -> R:
                 async with self.gate.call(context) as tenant:
-                    return await body(tenant, await self._request(requests), context)
+                    return await body(tenant, await self._request(tenant, requests), context)
 
             return await self._call(method, context, run)
 
@@ -259,7 +292,7 @@ class Servicer(CoherenceMethods):
 
                 async def admit() -> tuple[Tenant, Any]:
                     tenant = await stack.enter_async_context(self.gate.stream(context))
-                    request = await self._request(requests)
+                    request = await self._request(tenant, requests)
                     validation.check_known("request", request)
                     return tenant, request
 
@@ -365,7 +398,7 @@ class Servicer(CoherenceMethods):
                 model_version=self.plane.tenant_version(tenant),
             )
 
-        return await asyncio.to_thread(work)
+        return await self.lanes.run(tenant.name, work)
 
     async def RecordProgramEnd(  # noqa: N802
         self,
@@ -374,7 +407,7 @@ class Servicer(CoherenceMethods):
         context: grpc.aio.ServicerContext,
     ) -> events_pb2.RecordProgramEndResponse:
         end = validation.program_end(request)
-        seq = await asyncio.to_thread(self.plane.record_program_end, tenant, end)
+        seq = await self.lanes.run(tenant.name, self.plane.record_program_end, tenant, end)
         return events_pb2.RecordProgramEndResponse(
             duplicate=seq is None, model_version=self.plane.tenant_version(tenant)
         )
@@ -426,7 +459,7 @@ class Servicer(CoherenceMethods):
             ]
             return inspect_pb2.ListToolsResponse(tools=tools, model_version=version)
 
-        return await self._view(work)
+        return await self._view(tenant.name, work)
 
     async def GetToolDistribution(  # noqa: N802
         self,
@@ -436,11 +469,15 @@ class Servicer(CoherenceMethods):
     ) -> inspect_pb2.GetToolDistributionResponse:
         tool, args, points = validation.distribution_request(request)
         version = self.plane.tenant_version(tenant)
-        view = await self._view(self.plane.tool_distribution, tenant.name, tool, args, points)
+        view = await self._view(
+            tenant.name, self.plane.tool_distribution, tenant.name, tool, args, points
+        )
         if view is None:
             raise NotFoundError(f"tool_name: no samples of tool {tool!r}")
-        response = await self._view(_distribution, view, version)
-        stats = await asyncio.to_thread(inspection.miss_stats, self.plane.store, tenant.name, tool)
+        response = await self._view(tenant.name, _distribution, view, version)
+        stats = await self.lanes.run(
+            tenant.name, inspection.miss_stats, self.plane.store, tenant.name, tool
+        )
         response.misses.CopyFrom(misses.miss_stats_proto(stats))
         return response
 
@@ -453,7 +490,9 @@ class Servicer(CoherenceMethods):
         tool, program, reason, limit = validation.misses_request(request)
         reasons = frozenset({reason}) if reason is not None else MISSES
         query = MissQuery(tool, program, reasons, limit)
-        view = await asyncio.to_thread(inspection.misses, self.plane.store, tenant.name, query)
+        view = await self.lanes.run(
+            tenant.name, inspection.misses, self.plane.store, tenant.name, query
+        )
         return misses.misses_response(view)
 
     async def GetWorkloadStats(  # noqa: N802
@@ -541,7 +580,9 @@ class Servicer(CoherenceMethods):
         """One update of the tenant's compact table at a time, shared by its streams."""
         build = self._compact_builds.get(tenant.name)
         if build is None:
-            build = asyncio.ensure_future(self._view(self.plane.update_compact, tenant))
+            build = asyncio.ensure_future(
+                self._view(tenant.name, self.plane.update_compact, tenant)
+            )
             self._compact_builds[tenant.name] = build
             build.add_done_callback(
                 functools.partial(_forget_build, self._compact_builds, tenant.name)
@@ -556,7 +597,9 @@ class Servicer(CoherenceMethods):
             return latest
         build = self._builds.get(tenant.name)
         if build is None:
-            build = asyncio.ensure_future(self._view(self.plane.snapshot_payload, tenant))
+            build = asyncio.ensure_future(
+                self._view(tenant.name, self.plane.snapshot_payload, tenant)
+            )
             self._builds[tenant.name] = build
             build.add_done_callback(functools.partial(self._built, tenant.name))
         return await asyncio.shield(build)

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from controlplane.errors import retry_after_s
 from enginehook.core.tracker import ProgramEndReport, ToolCallReport
 from enginehook.link.snapshot import models_from_snapshot
 from enginehook.link.spill import EventBuffer, claim_spill_dir, default_spill_dir
@@ -198,7 +199,8 @@ class ControlPlaneLink:
                         self.buffer.sync()
                     if stopping:
                         return
-                    retry_at = time.monotonic() + backoff
+                    # A server refusing for this tenant's share says how long to wait.
+                    retry_at = time.monotonic() + max(backoff, retry_after_s(exc) or 0.0)
                     backoff = min(self.max_backoff_s, backoff * 2)
                     self._stop.wait(min(self.flush_interval_s, backoff))
                     continue

@@ -23,9 +23,10 @@ def test_bench_doors_times_three_phases_and_the_viewer_is_served(
         kept = re.search(r"(\d+)/(\d+)\s+\d+/\d+", row.group(0))
         assert kept is not None
         assert kept.group(1) == kept.group(2) != "0"
-    flood = re.search(r"(\d+)\+(\d+)\s+\d+$", rows["attack"].group(0))
+    flood = re.search(r"(\d+)\+(\d+)\s+\d+\s+([\d.]+)\s+[\d.]+\s+(\d+)$", rows["attack"].group(0))
     assert flood is not None
     assert int(flood.group(1)) + int(flood.group(2)) > 0
+    assert float(flood.group(3)) > 0  # the timed tenant's own ingest was answered
     assert "Traceback" not in out
 
 
