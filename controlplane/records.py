@@ -255,6 +255,9 @@ class ToolCall:
     pin_outcome: PinOutcome = PinOutcome.UNSPECIFIED
     admission_delay_s: float | None = None
     cache: TurnCache = TurnCache()
+    #: Shadow mode: nothing was pinned; ``chosen_ttl_s`` and ``pin_outcome`` are what the
+    #: pin would have been and met (kept out of the pin statistics, learned as any call).
+    shadow: bool = False
 
 
 @dataclass(frozen=True, slots=True)

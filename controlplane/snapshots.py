@@ -25,6 +25,11 @@ twenty characters and at most 13.8 MB with every name at its 128-character limit
 pass it (thousands of published shared tools) is refused with ``OverloadedError``
 naming the sizes (the stream ends RESOURCE_EXHAUSTED), never cut short.
 
+Every reply's header also carries the tenant's rollout while one is set (which tools its
+engines pin, :mod:`controlplane.storage.rollouts`), deltas too. The version a tenant is
+told is its models' version plus its rollout's (:class:`RolloutBoard`): both only grow,
+so a change of the rollout is a new version, sent to every stream as any other.
+
 A written snapshot (``dumps_off_process``) is pickled by a forked child process from its
 copy-on-write image of the state, so the serving process's interpreter lock is held only
 for the ``fork`` itself: decisions are not slowed by pickling thousands of models.
@@ -47,6 +52,8 @@ from controlplane import inspection
 from controlplane._gen.cachettl.v1 import model_pb2
 from controlplane.errors import OverloadedError
 from controlplane.state import ModelState, in_slices
+from controlplane.storage.base import Store
+from controlplane.storage.rollouts import Rollout, StoredRollout
 from controlplane.wire import duration
 from estimator import DurationModel, Level
 from estimator.sketch import (
@@ -62,10 +69,12 @@ __all__ = [
     "RESEND",
     "SNAPSHOT_POINTS",
     "CompactSnapshots",
+    "RolloutBoard",
     "SnapshotPayloads",
     "dumps_off_process",
     "in_slices",
     "points_per_model",
+    "rollout_message",
 ]
 
 log = logging.getLogger(__name__)
@@ -102,6 +111,58 @@ def points_per_model(models: int) -> int:
     return max(MIN_POINTS_PER_MODEL, min(inspection.SNAPSHOT_MAX_POINTS, share))
 
 
+class RolloutBoard:
+    """The tenants' rollouts as this server last read them from the store.
+
+    :meth:`refresh` reads them all (one small row per tenant that ever had one; off the
+    event loop, with each round of the log's tail); the rest reads what it holds. A
+    tenant's :meth:`version` only grows (the store raises it with every change), so the
+    version a tenant is told, its models' plus its rollout's, only grows too.
+
+    >>> from controlplane.storage.memory import MemoryStore
+    >>> store, board = MemoryStore(), RolloutBoard()
+    >>> _ = store.create_tenant("acme", False, "h", 0.0)
+    >>> _ = store.set_rollout("acme", Rollout.of("only", ["bash"]), 1.0)
+    >>> board.version("acme"), board.refresh(store), board.version("acme")
+    (0, 1, 1)
+    >>> rollout_message(board.get("acme").rollout).tools
+    ['bash']
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[str, StoredRollout] = {}
+
+    def refresh(self, store: Store) -> int:
+        """Read every tenant's rollout; how many changed since the last read."""
+        rows = {row.tenant: row for row in store.rollouts()}
+        changed = sum(1 for name, row in rows.items() if self._rows.get(name) != row)
+        self._rows = rows  # replaced whole: readers see the old or the new rows
+        return changed
+
+    def get(self, tenant: str) -> StoredRollout | None:
+        """The tenant's rollout row (``None``: it never had one)."""
+        return self._rows.get(tenant)
+
+    def version(self, tenant: str) -> int:
+        """The tenant's rollout version (0: it never had one)."""
+        row = self._rows.get(tenant)
+        return row.version if row is not None else 0
+
+
+def rollout_message(rollout: Rollout | None) -> model_pb2.Rollout | None:
+    """The wire form of a tenant's rollout; ``None`` when it has none (the field stays
+    unset: its engines apply their own setting)."""
+    if rollout is None:
+        return None
+    mode = int(rollout.mode)
+    return model_pb2.Rollout(mode=mode, tools=list(rollout.tools))  # type: ignore[arg-type]
+
+
+def _version(state: ModelState, tenant: str, share: bool, rollout: StoredRollout | None) -> int:
+    """What ``tenant`` is told: its models' version plus its rollout's."""
+    return state.tenant_version(tenant, share) + (rollout.version if rollout is not None else 0)
+
+
 def _model_field(key: inspection.ModelKey, model: DurationModel, points: int) -> bytes:
     level, tool, signature = key
     samples = model.sorted_samples()
@@ -131,9 +192,15 @@ class SnapshotPayloads:
         self._entries: dict[str, dict[inspection.ModelKey, _Entry]] = {}
 
     def build(
-        self, state: ModelState, lock: threading.RLock, tenant: str, share: bool
+        self,
+        state: ModelState,
+        lock: threading.RLock,
+        tenant: str,
+        share: bool,
+        rollout: StoredRollout | None = None,
     ) -> tuple[int, bytes]:
-        """``(version, serialized WatchSnapshotsResponse)`` of ``tenant``'s models.
+        """``(version, serialized WatchSnapshotsResponse)`` of ``tenant``'s models and
+        ``rollout`` (its row in the :class:`RolloutBoard`).
 
         The version is read first, so the reply holds at least that version's models.
         Raises ``OverloadedError`` if the reply would pass ``max_bytes``.
@@ -142,11 +209,12 @@ class SnapshotPayloads:
             keys = inspection.snapshot_keys(state, tenant, share)
             stats = state.models.workload(tenant)
             header = model_pb2.WatchSnapshotsResponse(
-                version=state.tenant_version(tenant, share),
+                version=_version(state, tenant, share, rollout),
                 eta=stats.eta.get(),
                 queue_delay=duration(stats.queue.get(), "queue_delay"),
                 min_samples=state.models.durations.min_samples,
                 signature_rules=signature_rules(state),
+                rollout=rollout_message(rollout.rollout if rollout is not None else None),
             )
         points = points_per_model(len(keys))
         old = self._entries.get(tenant, {})
@@ -267,8 +335,8 @@ class _Table:
     lineage: int
     start: int
     version: int = -1
-    #: η, T, min_samples, the signature rules.
-    header: tuple[float, float, int, tuple[str, ...]] = (1.0, 0.0, 0, ())
+    #: η, T, min_samples, the signature rules, the tenant's rollout.
+    header: tuple[float, float, int, tuple[str, ...], Rollout | None] = (1.0, 0.0, 0, (), None)
     entries: dict[inspection.ModelKey, _Published] = field(default_factory=dict)
     replies: dict[int, bytes] = field(default_factory=dict)  # base (0: full) -> reply
 
@@ -300,10 +368,18 @@ class CompactSnapshots:
         self.resend = resend
         self._tables: dict[str, _Table] = {}
 
-    def update(self, state: ModelState, lock: threading.RLock, tenant: str, share: bool) -> int:
-        """Bring ``tenant``'s table up to the models' version now; that version."""
+    def update(
+        self,
+        state: ModelState,
+        lock: threading.RLock,
+        tenant: str,
+        share: bool,
+        rollout: StoredRollout | None = None,
+    ) -> int:
+        """Bring ``tenant``'s table up to the models' version now and ``rollout`` (its
+        row in the :class:`RolloutBoard`); that version."""
         with lock:
-            version = state.tenant_version(tenant, share)
+            version = _version(state, tenant, share, rollout)
             keys = inspection.snapshot_keys(state, tenant, share)
             stats = state.models.workload(tenant)
             header = (
@@ -311,6 +387,7 @@ class CompactSnapshots:
                 stats.queue.get(),
                 state.models.durations.min_samples,
                 signature_rules(state),
+                rollout.rollout if rollout is not None else None,
             )
         old = self._tables.get(tenant)
         if old is not None and old.version == version and old.header == header:
@@ -375,7 +452,7 @@ class CompactSnapshots:
         return table.version, table.lineage, reply
 
     def _serialize(self, table: _Table, base: int, delta: bool) -> bytes:
-        eta, queue, min_samples, rules = table.header
+        eta, queue, min_samples, rules, rollout = table.header
         header = model_pb2.WatchSnapshotsResponse(
             version=table.version,
             eta=eta,
@@ -386,6 +463,7 @@ class CompactSnapshots:
             lineage=table.lineage,
             cdf_error=self.resend,
             signature_rules=rules,
+            rollout=rollout_message(rollout),
         )
         parts = [header.SerializeToString()]
         parts += [e.field for e in table.entries.values() if not delta or e.version > base]

@@ -168,8 +168,8 @@ class ModelState:
                 signature = durations.signatures.signature(call.tool, args)
                 if signature:
                     signatures.add(signature)
-            if call.pin_outcome is not PinOutcome.UNSPECIFIED:
-                key = (tenant, call.tool)
+            if call.pin_outcome is not PinOutcome.UNSPECIFIED and not call.shadow:
+                key = (tenant, call.tool)  # a shadow call's pin was never made: no statistic
                 self.pins.setdefault(key, PinCounts()).add(call.pin_outcome)
             if call.admission_delay_s is not None and call.pin_outcome in _RELEASED:
                 self.models.record_queue_delay(call.admission_delay_s, tenant)

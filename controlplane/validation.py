@@ -128,6 +128,7 @@ def _tool_call(i: int, event: events_pb2.ToolCallEvent, limits: Limits) -> ToolC
             else None
         ),
         cache=_turn_cache(at, event, limits),
+        shadow=event.shadow,
     )
 
 

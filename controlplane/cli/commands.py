@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from controlplane.cli.database import add_db, db_url, open_error, require_connection
+from controlplane.cli.rollout import register_rollout
 from controlplane.cli.tenants import register_tenants
 from estimator import DEFAULT_PROFILE, DEFAULT_TTL_CAP_S
 
@@ -61,6 +62,7 @@ def register(commands: _SubParsers, bench: _SubParsers) -> None:
     _register_serve(commands)
     _register_db(commands)
     register_tenants(commands)
+    register_rollout(commands)
     _register_tools(commands)
     _register_misses(commands)
     from controlplane.cli.bench import register_bench

@@ -110,6 +110,7 @@ def to_event(call: ToolCall) -> events_pb2.ToolCallEvent:
         duration=duration(call.duration_s, "duration_s"),
         turn_index=call.turn_index,
         pin_outcome=int(call.pin_outcome),  # type: ignore[arg-type]
+        shadow=call.shadow,
     )
     if call.finished_at is not None:
         event.finished_at.CopyFrom(timestamp(call.finished_at))

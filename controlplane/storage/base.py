@@ -41,6 +41,7 @@ from controlplane.records import (
     ToolCall,
 )
 from controlplane.storage.outages import Outages
+from controlplane.storage.rollouts import Rollout, StoredRollout
 
 __all__ = [
     "SNAPSHOTS_KEPT",
@@ -162,6 +163,17 @@ class Store(ABC):
         every tenant. Writers commit changes in ``seq`` order, so a reader that saw up to
         ``seq`` never later finds a change below it. What a server's tail reads so that a
         revocation reaches every replica's token cache (:mod:`controlplane.rpc.auth`)."""
+
+    @abstractmethod
+    def set_rollout(self, name: str, rollout: Rollout | None, now: float) -> StoredRollout:
+        """Set tenant ``name``'s rollout (``None``: none, its engines' own setting
+        applies), raising its ``version`` by one whether or not it changed. Returns it as
+        stored (``rollout`` ``None`` when cleared). Raises ``TenantNotFoundError``."""
+
+    @abstractmethod
+    def rollouts(self) -> list[StoredRollout]:
+        """Every tenant's rollout row, cleared ones too (``rollout`` ``None``), sorted by
+        tenant name (:mod:`controlplane.storage.rollouts`)."""
 
     @cached_property
     def outages(self) -> Outages:

@@ -29,6 +29,7 @@ from controlplane.storage.base import (
     Store,
     TenantChange,
 )
+from controlplane.storage.rollouts import Rollout, StoredRollout
 
 __all__ = ["MemoryStore"]
 
@@ -49,6 +50,7 @@ class MemoryStore(Store):
         self._received: dict[tuple[str, int], float] = {}  # (log, seq) -> received at
         self._last = {"calls": 0, "ends": 0}  # the highest position drawn, per log
         self._compactions: list[Compaction] = []
+        self._rollouts: dict[str, StoredRollout] = {}
 
     def create_tenant(self, name: str, share: bool, token_hash: str, now: float) -> Tenant:
         with self._lock:
@@ -89,6 +91,19 @@ class MemoryStore(Store):
         with self._lock:
             name = self._hashes.get(token_hash)
             return self._tenants.get(name) if name is not None else None
+
+    def set_rollout(self, name: str, rollout: Rollout | None, now: float) -> StoredRollout:
+        with self._lock:
+            if name not in self._tenants:
+                raise TenantNotFoundError(f"no tenant named {name!r}")
+            old = self._rollouts.get(name)
+            version = (old.version if old is not None else 0) + 1
+            stored = self._rollouts[name] = StoredRollout(name, rollout, version, now)
+            return stored
+
+    def rollouts(self) -> list[StoredRollout]:
+        with self._lock:
+            return [self._rollouts[name] for name in sorted(self._rollouts)]
 
     def _changed(self, name: str) -> None:
         self._auth_seq[name] = max(self._auth_seq.values(), default=0) + 1

@@ -31,8 +31,23 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["MAX_ROLLOUT_TOOLS", "Rollout", "RolloutMode", "StoredRollout", "parse_tools"]
+from sqlalchemy import Engine, insert, select, update
+
+from controlplane.errors import TenantNotFoundError
+from controlplane.storage.schema import tenant_rollouts, tenants
+from controlplane.storage.transactions import transaction
+
+__all__ = [
+    "MAX_ROLLOUT_TOOLS",
+    "Rollout",
+    "RolloutMode",
+    "StoredRollout",
+    "parse_tools",
+    "sql_all",
+    "sql_set",
+]
 
 #: Tools a rollout lists at most (it rides in every snapshot).
 MAX_ROLLOUT_TOOLS = 1000
@@ -121,11 +136,12 @@ class Rollout:
 
 @dataclass(frozen=True, slots=True)
 class StoredRollout:
-    """A tenant's rollout as stored: ``version`` rises with every change (the snapshot
-    version engines are told adds it, so a change reaches them as a new snapshot)."""
+    """A tenant's rollout as stored (``None``: cleared, the engines' own setting applies):
+    ``version`` rises with every change (the snapshot version engines are told adds it, so
+    a change reaches them as a new snapshot)."""
 
     tenant: str
-    rollout: Rollout
+    rollout: Rollout | None
     version: int
     updated_at: float
 
@@ -155,3 +171,44 @@ def parse_tools(text: str | Iterable[str], where: str) -> tuple[str, ...]:
         _check_tool(name, where)
         tools.append(name)
     return tuple(sorted(set(tools)))
+
+
+# -- SQL (SqlStore's part; one row per tenant in ``tenant_rollouts``) -----------------------
+
+
+def _stored(row: Any) -> StoredRollout:
+    mode = RolloutMode(row.mode)
+    tools = tuple(t for t in row.tools.split(",") if t)
+    rollout = None if mode is RolloutMode.UNSPECIFIED else Rollout(mode, tools)
+    return StoredRollout(row.name, rollout, int(row.version), float(row.updated_at))
+
+
+def sql_set(engine: Engine, name: str, rollout: Rollout | None, now: float) -> StoredRollout:
+    """:meth:`controlplane.storage.base.Store.set_rollout` in one write transaction."""
+    mode = int(rollout.mode) if rollout is not None else 0
+    tools = ",".join(rollout.tools) if rollout is not None else ""
+    with transaction(engine, write=True) as c:
+        found = c.execute(select(tenants.c.id).where(tenants.c.name == name)).first()
+        if found is None:
+            raise TenantNotFoundError(f"no tenant named {name!r}")
+        key = tenant_rollouts.c.tenant_id == found.id
+        old = c.execute(select(tenant_rollouts.c.version).where(key)).first()
+        values = {"mode": mode, "tools": tools, "updated_at": now}
+        if old is None:
+            version = 1
+            c.execute(insert(tenant_rollouts).values(tenant_id=found.id, version=1, **values))
+        else:
+            version = int(old.version) + 1
+            c.execute(update(tenant_rollouts).where(key).values(version=version, **values))
+    return StoredRollout(name, rollout, version, now)
+
+
+def sql_all(engine: Engine) -> list[StoredRollout]:
+    """:meth:`controlplane.storage.base.Store.rollouts`."""
+    query = (
+        select(tenant_rollouts, tenants.c.name)
+        .join(tenants, tenants.c.id == tenant_rollouts.c.tenant_id)
+        .order_by(tenants.c.name)
+    )
+    with transaction(engine) as c:
+        return [_stored(row) for row in c.execute(query)]

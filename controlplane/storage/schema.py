@@ -24,6 +24,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 
@@ -34,12 +35,13 @@ __all__ = [
     "program_ends",
     "program_locations",
     "snapshots",
+    "tenant_rollouts",
     "tenants",
     "tool_events",
 ]
 
 #: The Alembic revision this code expects.
-HEAD_REVISION = "0008"
+HEAD_REVISION = "0009"
 
 #: BIGINT on PostgreSQL; INTEGER (an alias of the rowid, so autoincrementing) on SQLite.
 _SEQ = BigInteger().with_variant(Integer(), "sqlite")
@@ -86,6 +88,8 @@ tool_events = Table(
     Column("diverged_at", BigInteger, nullable=True),
     Column("hit_tokens", BigInteger, nullable=True),
     Column("reusable_tokens", BigInteger, nullable=True),
+    # The engine ran in shadow mode: nothing was pinned (revision 0009).
+    Column("shadow", Boolean, nullable=False, server_default=false()),
     UniqueConstraint("tenant_id", "event_id", name="uq_tool_events_tenant_event"),
     Index("ix_tool_events_tenant_tool", "tenant_id", "tool_name", "seq"),
     Index("ix_tool_events_tenant_reason", "tenant_id", "miss_reason", "seq"),
@@ -156,4 +160,18 @@ log_compactions = Table(
     Column("finished_at", Float, nullable=True),
     Column("tool_rows_deleted", BigInteger, nullable=False, server_default="0"),
     Column("end_rows_deleted", BigInteger, nullable=False, server_default="0"),
+)
+
+#: Each tenant's rollout: which tools its engines pin (revision 0009;
+#: :mod:`controlplane.storage.rollouts`). ``mode`` is a ``RolloutMode`` (0: none, the
+#: engines' own setting), ``tools`` its tool names joined by commas, ``version`` raised by
+#: every change.
+tenant_rollouts = Table(
+    "tenant_rollouts",
+    metadata,
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), primary_key=True),
+    Column("mode", SmallInteger, nullable=False),
+    Column("tools", Text, nullable=False, server_default=""),
+    Column("version", BigInteger, nullable=False),
+    Column("updated_at", Float, nullable=False),
 )

@@ -37,7 +37,7 @@ from controlplane.records import (
     ToolCall,
     TurnCache,
 )
-from controlplane.storage import retention
+from controlplane.storage import retention, rollouts
 from controlplane.storage.base import (
     SNAPSHOTS_KEPT,
     Batch,
@@ -47,6 +47,7 @@ from controlplane.storage.base import (
     TenantChange,
 )
 from controlplane.storage.migrate import check_schema as _check_schema
+from controlplane.storage.rollouts import Rollout, StoredRollout
 from controlplane.storage.schema import program_ends, snapshots, tenants, tool_events
 from controlplane.storage.transactions import LOG_LOCK, autocommit, transaction, translated
 
@@ -142,6 +143,7 @@ _COLUMNS = (
     "diverged_at",
     "hit_tokens",
     "reusable_tokens",
+    "shadow",
 )
 _SQLITE_INSERT = (
     f"INSERT INTO tool_events ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
@@ -168,6 +170,7 @@ _ARRAY_COLUMNS = {
     "diverged_at": "BIGINT",
     "hit_tokens": "BIGINT",
     "reusable_tokens": "BIGINT",
+    "shadow": "BOOLEAN",
 }
 #: The batches of a group in one statement and one round trip, run as its own transaction
 #: (autocommit): every row it inserts is joined with the log's advisory lock, so the lock
@@ -231,6 +234,7 @@ def _call_row(tenant: Tenant, call: ToolCall, now: float) -> dict[str, Any]:
         "diverged_at": call.cache.diverged_at,
         "hit_tokens": call.cache.hit_tokens,
         "reusable_tokens": call.cache.reusable_tokens,
+        "shadow": call.shadow,
     }
 
 
@@ -254,6 +258,7 @@ def _stored_call(row: Any) -> StoredToolCall:
             row.hit_tokens,
             row.reusable_tokens,
         ),
+        bool(row.shadow),
     )
     return StoredToolCall(row.seq, row.name, bool(row.shared), call)
 
@@ -337,6 +342,12 @@ class SqlStore(Store):
             return [
                 TenantChange(int(r.auth_seq), _tenant(r), r.token_hash) for r in c.execute(query)
             ]
+
+    def set_rollout(self, name: str, rollout: Rollout | None, now: float) -> StoredRollout:
+        return rollouts.sql_set(self.engine, name, rollout, now)
+
+    def rollouts(self) -> list[StoredRollout]:
+        return rollouts.sql_all(self.engine)
 
     # -- the event log ----------------------------------------------------------------
 

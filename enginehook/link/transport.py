@@ -55,7 +55,7 @@ def to_tool_call(event: ToolCallReport) -> ToolCall:
     """The control plane's record of a hook's tool-call event (``RecordToolCalls``).
 
     Every field travels but ``tenant`` (the server takes it from the token) and ``basis``;
-    the returning turn's cache report (miss reason and details) too.
+    the returning turn's cache report (miss reason and details) and the shadow flag too.
     The admission delay is sent whatever the outcome: the server, like the hook's own
     learner, counts it as a sample of T only when ``PinOutcome.feeds_queue_delay``.
     """
@@ -71,6 +71,7 @@ def to_tool_call(event: ToolCallReport) -> ToolCall:
         pin_outcome=event.pin_outcome,
         admission_delay_s=event.admission_delay_s,
         cache=event.cache,
+        shadow=event.shadow,
     )
 
 

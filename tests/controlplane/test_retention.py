@@ -211,11 +211,12 @@ def test_the_console_says_what_the_miss_lists_no_longer_see(db_url: str) -> None
 @pytest.mark.parametrize("db_url", BACKENDS, indirect=True)
 def test_revision_0008_refuses_to_go_down_once_the_log_was_compacted(db_url: str) -> None:
     from controlplane.storage.migrate import current_revision, downgrade, upgrade
+    from controlplane.storage.schema import HEAD_REVISION
 
     store = create_store(db_url)
     engine = store.engine  # type: ignore[attr-defined]
-    assert downgrade(engine, "0007") == ("0008", "0007")  # never compacted: it goes
-    assert upgrade(engine) == ("0007", "0008")
+    assert downgrade(engine, "0007") == (HEAD_REVISION, "0007")  # never compacted: it goes
+    assert upgrade(engine) == ("0007", HEAD_REVISION)
     plane = ControlPlane(store, min_samples=2)
     plane.create_tenant("acme")
     _fill(plane)
@@ -223,7 +224,7 @@ def test_revision_0008_refuses_to_go_down_once_the_log_was_compacted(db_url: str
     assert store.log_rows() == (50, 12)
     with pytest.raises(RuntimeError, match="cannot downgrade to 0007: the event log was"):
         downgrade(engine, "0007")
-    assert current_revision(engine) == "0008"
+    assert current_revision(engine) == HEAD_REVISION
     assert store.log_compaction() is not None
     same_models(plane.state, ControlPlane(store, min_samples=2).state)
     store.close()
