@@ -18,9 +18,12 @@ from controlplane.records import MISSES, MissQuery, MissReason, ToolCall
 from controlplane.state import ModelState, PinCounts
 from controlplane.storage import Store
 from estimator import DurationModel, Level
+from estimator.policies import COLD_START
 
 __all__ = [
+    "BASIS_TEXT",
     "EXPIRED_BY_SAMPLES",
+    "ColdStart",
     "DistributionView",
     "MissStats",
     "MissesView",
@@ -29,6 +32,8 @@ __all__ = [
     "SnapshotView",
     "ToolView",
     "WorkloadView",
+    "basis_text",
+    "cold_start",
     "compacted",
     "distribution",
     "list_tools",
@@ -129,6 +134,61 @@ class SnapshotView:
     eta: float
     queue_delay_s: float
     min_samples: int
+
+
+#: What each ``basis`` of a decision means, as the console and the CLI say it.
+BASIS_TEXT = {
+    COLD_START: "the cold-start rule (durations ~ Exp(mean 1 s))",
+    Level.INVOCATION.value: "this signature's own model",
+    Level.TOOL.value: "the tool's model (all its signatures)",
+    Level.TENANT.value: "the model of all the tenant's tools",
+    Level.SHARED.value: "the tool's model shared across tenants",
+}
+
+
+def basis_text(basis: str) -> str:
+    """What a decision's ``basis`` means; a blend (``invocation+tool``) names each part.
+
+    >>> basis_text("all-tools")
+    "the model of all the tenant's tools"
+    >>> basis_text("invocation+tool")
+    "a blend of this signature's own model and the tool's model (all its signatures)"
+    """
+    parts = [BASIS_TEXT.get(p, p) for p in basis.split("+")]
+    return parts[0] if len(parts) == 1 else "a blend of " + " and ".join(parts)
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """A model shown whose samples do not decide yet: it holds ``samples``, the back-off
+    takes a level with ``needed`` (more than K) or more, and the TTL comes from ``basis``."""
+
+    samples: int
+    needed: int
+    basis: str
+
+    @property
+    def text(self) -> str:
+        return (
+            f"cold start: {self.samples} of {self.needed} samples; "
+            f"the TTL comes from {basis_text(self.basis)}"
+        )
+
+
+def cold_start(level: str, samples: int, min_samples: int, basis: str) -> ColdStart | None:
+    """Whether the model of ``level`` (holding ``samples``) shown beside a decision of
+    ``basis`` is still in its cold start: another level decided, and it holds at most
+    ``min_samples``. (A thin level whose samples contradict its parent's decides alone,
+    so its basis is its own level: not a cold start.)
+
+    >>> cold_start("tool", 37, 100, "all-tools").text
+    "cold start: 37 of 101 samples; the TTL comes from the model of all the tenant's tools"
+    >>> cold_start("tool", 37, 100, "tool") is None, cold_start("tool", 101, 100, "shared")
+    (True, None)
+    """
+    if basis == level or samples > min_samples:
+        return None
+    return ColdStart(samples, min_samples + 1, basis)
 
 
 def _quantiles(model: DurationModel) -> tuple[float, float, float]:

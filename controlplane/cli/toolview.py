@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.cli.missview import print_miss_stats, stats_record
-from controlplane.cli.terminal import printable
-from controlplane.inspection import DistributionView, ToolView, miss_stats
+from controlplane.cli.terminal import printable, seconds, table
+from controlplane.inspection import DistributionView, ToolView, cold_start, miss_stats
 from controlplane.learning import NameLimits
 from controlplane.records import Tenant
 from controlplane.service import ControlPlane
@@ -105,22 +105,55 @@ def _show(plane: ControlPlane, tenant: Tenant, args: argparse.Namespace) -> int:
         out["misses"] = stats_record(misses)
         print(json.dumps(out, indent=2))
         return 0
-    sig = f" [{printable(view.signature)}]" if view.signature else ""
-    name, tenant_name = printable(view.tool), printable(tenant.name)
-    print(f"tool {name}{sig} (tenant {tenant_name}, model level: {view.basis})")
-    print(f"  samples {view.sample_count} in window, {view.seen_count} seen")
-    print(f"  drift epochs {view.drift_epoch}")
-    print("  quantiles  " + "  ".join(f"p{round(100 * q)}={s:.3f}s" for q, s in view.quantiles))
-    print(f"  pins: {asdict(view.pins)}  hit rate {100 * view.pins.hit_rate:.1f}%")
-    print(f"  TTL chosen by policy {plane.policy_name}:")
-    for d in decisions:
-        print(
-            f"    context {d['context_tokens']:>7} tokens: ttl {d['ttl_s']:.3f}s"
-            f"  F={d['return_probability']:.2f}  B={d['benefit_s']:.3f}s  basis {d['basis']}"
-        )
-    print("  returning turns by miss reason (cachettl misses --tool lists them):")
-    print_miss_stats(misses, indent="    ")
+    _print_show(plane, tenant, view, decisions)
+    print("returning turns by miss reason (cachettl misses --tool lists them):")
+    print_miss_stats(misses, indent="  ")
     return 0
+
+
+def _print_show(
+    plane: ControlPlane, tenant: Tenant, view: DistributionView, decisions: list[dict[str, Any]]
+) -> None:
+    """The text of ``tools show``: the model, its quantiles, the pins, the TTLs."""
+    sig = f", signature {printable(view.signature)}" if view.signature else ""
+    print(f"tool {printable(view.tool)}{sig} (tenant {printable(tenant.name)})")
+    print(
+        f"model: the {view.basis} level, {view.sample_count} samples in its window, "
+        f"{view.seen_count} seen, {view.drift_epoch} change points"
+    )
+    print()
+    print("durations:")
+    names = [f"p{round(100 * q)}" for q, _ in view.quantiles]
+    durations = [[seconds(s) for _, s in view.quantiles]]
+    for line in table(names, durations, "  ", right=[True] * len(names)):
+        print(line)
+    print()
+    pins = view.pins
+    print("pins:")
+    headers = ["HITS", "EXPIRED", "RELEASED", "MOVED", "NOT PINNED", "HIT RATE"]
+    row = [pins.hits, pins.expired, pins.released_under_pressure, pins.moved, pins.not_pinned]
+    for line in table(headers, [[*row, f"{100 * pins.hit_rate:.1f}%"]], "  ", [True] * 6):
+        print(line)
+    print()
+    print(f"TTL the policy {plane.policy_name} chooses now:")
+    rows = [
+        [
+            f"{d['context_tokens']:,}",
+            seconds(d["ttl_s"]),
+            f"{d['return_probability']:.2f}",
+            seconds(d["benefit_s"]),
+            d["basis"],
+        ]
+        for d in decisions
+    ]
+    headers = ["CONTEXT TOKENS", "TTL", "F(TTL)", "BENEFIT", "BASIS"]
+    for line in table(headers, rows, "  ", [True, True, True, True, False]):
+        print(line)
+    for basis in sorted({d["basis"] for d in decisions}):
+        cold = cold_start(view.basis, view.sample_count, plane.min_samples, basis)
+        if cold is not None:
+            print(f"  {cold.text}")
+    print()
 
 
 def _plot(view: DistributionView, decisions: list[dict[str, Any]], path: Path) -> None:

@@ -13,7 +13,7 @@ from controlplane.console.views import PAGE, Sources, distribution, number, page
 from controlplane.records import Tenant
 from estimator import Level
 
-__all__ = ["engines", "shared", "tenants", "workload"]
+__all__ = ["engine_name", "engines", "shared", "tenants", "workload"]
 
 
 def tenants(src: Sources) -> dict[str, Any]:
@@ -76,6 +76,20 @@ def workload(src: Sources, tenant: str) -> dict[str, Any]:
     }
 
 
+def engine_name(engine_id: str) -> tuple[str, str]:
+    """``(name, instance)`` of an engine id: an engine hook reports ``NAME#INSTANCE``
+    (its ``$CACHETTL_ENGINE_NAME`` or API ``host:port``, and six hex digits for each start,
+    ``enginehook.vllm.services.engine_id``); any other id is a name alone.
+
+    >>> engine_name("gpu-node-3:8000#3fa9c1"), engine_name("engine-a")
+    (('gpu-node-3:8000', '3fa9c1'), ('engine-a', ''))
+    """
+    name, sep, instance = engine_id.rpartition("#")
+    if sep and name and len(instance) == 6 and all(c in "0123456789abcdef" for c in instance):
+        return name, instance
+    return engine_id, ""
+
+
 def engines(src: Sources, tenant: Tenant) -> dict[str, Any]:
     """The tenant's engines as the control plane sees them: linked for moves (watching),
     programs last seen on each, moves told; snapshot streams and the version lag."""
@@ -92,7 +106,9 @@ def engines(src: Sources, tenant: Tenant) -> dict[str, Any]:
     engines: dict[str, dict[str, Any]] = {}
 
     def engine(e: str) -> dict[str, Any]:
-        return engines.setdefault(e, {"engine": e, "watching": 0, "programs": 0, "moves": 0})
+        name, instance = engine_name(e)
+        row = {"engine": e, "name": name, "instance": instance}
+        return engines.setdefault(e, {**row, "watching": 0, "programs": 0, "moves": 0})
 
     for e, n in hub.watching(who).items():
         engine(e)["watching"] = n
@@ -100,6 +116,6 @@ def engines(src: Sources, tenant: Tenant) -> dict[str, Any]:
         engine(e)["moves"] = n
     for e, n in (hub.programs_here(who) or {}).items():  # None: the database holds them
         engine(e)["programs"] = n
-    out["engines"] = sorted(engines.values(), key=lambda e: e["engine"])[:PAGE]
+    out["engines"] = sorted(engines.values(), key=lambda e: (e["name"], e["engine"]))[:PAGE]
     out["engine_count"] = len(engines)
     return out

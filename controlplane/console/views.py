@@ -241,8 +241,10 @@ def tool(
     context_tokens: int = CONTEXT_TOKENS,
 ) -> dict[str, Any] | None:
     """One tool (or, with ``sig``, one of its signatures): distribution, the TTL the policy
-    picks now for a call of it and F(TTL), the level it used, pins, misses, timelines and
-    the tool's signatures (paged). None if the tenant has no such tool or signature."""
+    picks now for a call of it and F(TTL), the level it used (and, while the model shown
+    has too few samples to decide, how many it has of those it needs), pins, misses,
+    timelines and the tool's signatures (paged). None if the tenant has no such tool or
+    signature."""
     plane, who = src.plane, tenant.name
     key = (Level.INVOCATION, name, sig) if sig else (Level.TOOL, name, "")
     with plane.model_lock:
@@ -253,6 +255,7 @@ def tool(
         pins = _pins(plane.state.pin_counts(who, name))
     facts = RequestFacts(tool=name, tool_args=sig or None, context_tokens=context_tokens)
     decision, version = plane.decide(tenant, facts)
+    cold = inspection.cold_start(key[0].value, dist["samples"], plane.min_samples, decision.basis)
     return {
         "tenant": who,
         "tool": name,
@@ -267,6 +270,9 @@ def tool(
             "expected_benefit_s": number(decision.expected_benefit_s),
             "basis": decision.basis,
             "context_tokens": context_tokens,
+            # The model shown does not decide yet: how far it is, and what decides.
+            "cold_start": None if cold is None else cold.text,
+            "samples_needed": None if cold is None else cold.needed,
         },
         "pins": pins,
         "misses": src.read("misses", tenant, name, lambda: _misses(src, who, name)),

@@ -1,8 +1,10 @@
 """A control plane with the console beside its gRPC server, shared by a test module.
 
-Tenants: ``acme`` (shares; tools ``bash`` and ``find``, misses, two engines), ``rival``
-(does not share; everything it owns is named ``rival…`` so that a leak is easy to find)
-and ``s1``..``s4`` (share ``grep``, so that a shared model of it is published).
+Tenants: ``acme`` (shares; tools ``bash`` and ``find``, misses, two engines named as the
+hook names them), ``rival`` (does not share; everything it owns is named ``rival…`` so that
+a leak is easy to find) and ``s0``..``s3`` (share ``grep``, so that a shared model of it is
+published; ``s0`` also has ``lint``, in its cold start, every call far shorter than the
+cold-start TTL).
 """
 
 from __future__ import annotations
@@ -35,10 +37,15 @@ from controlplane.rpc.client import ControlPlaneClient
 from controlplane.rpc.server import ServerOptions
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
+from enginehook.vllm.services import engine_id
 from tests.controlplane.conftest import pg_schemas  # noqa: F401 - a fixture used here
 from tests.support import ServerThread
 
 ADMIN = "admin-token-for-the-console-tests"
+#: acme's engines: the ids their hooks report, from the names they were given.
+ENGINES = {n: engine_id([], {"CACHETTL_ENGINE_NAME": n}) for n in ("engine-a", "engine-b")}
+#: Calls of s0's ``lint``: fewer than the back-off threshold (K = 100), each 3..8 ms.
+LINT_CALLS = 37
 #: Strings only the rival tenant's statistics hold.
 RIVAL_MARKERS = ("rival-secret-tool", "rivalsig", "rival-prog", "rival-engine")
 
@@ -101,13 +108,21 @@ def fill(plane: ControlPlane) -> dict[str, str]:
     acme, rival = tenants["acme"], tenants["rival"]
     plane.record_tool_calls(acme, _calls("acme", "bash", ["pytest -x", "ls -la", "make"], 400, 1))
     plane.record_tool_calls(acme, _calls("acme-f", "find", [". -name x"], 150, 2))
-    rival_calls = _calls("rival", "rival-secret-tool", ["rivalsig -q"], 300, 3)
+    rival_calls = _calls("rival", "rival-secret-tool", ['{"command": "rivalsig -q"}'], 300, 3)
     plane.record_tool_calls(rival, rival_calls)
     plane.record_tool_calls(rival, _calls("rival-b", "bash", ["rivalsig"], 200, 4))
     for round_ in range(20):  # the four sharing tenants' grep, interleaved
         for i in range(4):
             call = _calls(f"s{i}-{round_}", "grep", [""], 1, 10 * round_ + i)[0]
             plane.record_tool_calls(tenants[f"s{i}"], [call])
+    now = time.time() - 600
+    lint = [
+        ToolCall(
+            f"s0-lint-{i}", f"s0-lp-{i}", "lint", "--fix", 0.003 + i * 0.005 / LINT_CALLS, now + i
+        )
+        for i in range(LINT_CALLS)
+    ]
+    plane.record_tool_calls(tenants["s0"], lint)
     for i in range(30):
         plane.record_program_end(acme, ProgramEnd(f"acme-prog-{i}", 8, time.time() - 60 + i))
         plane.record_program_end(rival, ProgramEnd(f"rival-prog-{i}", 3, time.time() - 60 + i))
@@ -152,13 +167,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     thread.run(console.start())
     tenants = {t.name: t for t in store.list_tenants()}
     hub = thread.server._servicer.coherence
-    for tenant, engines in (("acme", ("engine-a", "engine-b")), ("rival", ("rival-engine-7",))):
+    acme_engines = (ENGINES["engine-a"], ENGINES["engine-b"])
+    for tenant, engines in (("acme", acme_engines), ("rival", ("rival-engine-7",))):
         for engine in engines:
             arrived = [(f"{tenant}-prog-{i}", time.time()) for i in range(5)]
             thread.run(hub.report(tenants[tenant], engine, arrived))
-    watching = thread.run(_watch(hub, "acme", "engine-b"))
+    watching = thread.run(_watch(hub, "acme", ENGINES["engine-b"]))
     moved = [(f"acme-prog-{i}", time.time()) for i in range(3)]
-    thread.run(hub.report(tenants["acme"], "engine-a", moved))  # told to engine-b
+    thread.run(hub.report(tenants["acme"], ENGINES["engine-a"], moved))  # told to engine-b
     snapshots = ControlPlaneClient(thread.target, tokens["acme"])
     streaming = threading.Thread(target=_follow, args=(snapshots,), daemon=True)
     streaming.start()

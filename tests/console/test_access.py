@@ -21,7 +21,7 @@ from controlplane.console.host import Console, ConsoleOptions
 from controlplane.rpc.server import ServerOptions
 from controlplane.service import ControlPlane
 from controlplane.storage import create_store
-from tests.console.conftest import ADMIN, RIVAL_MARKERS, Cluster, _calls
+from tests.console.conftest import ADMIN, ENGINES, RIVAL_MARKERS, Cluster, _calls
 from tests.controlplane.conftest import PG_BASE, pg_url
 from tests.support import ServerThread
 
@@ -116,8 +116,10 @@ def test_a_tenant_sees_its_own_and_the_published_shared_models(cluster: Cluster)
 
 def test_engines_show_links_moves_and_the_snapshot_streamed(cluster: Cluster) -> None:
     data = json.loads(cluster.client("acme").get("/api/engines")[1])
-    engines = {e["engine"]: e for e in data["engines"]}
+    engines = {e["name"]: e for e in data["engines"]}
     assert set(engines) == {"engine-a", "engine-b"}
+    assert engines["engine-a"]["engine"] == ENGINES["engine-a"]  # the id the hook reported
+    assert len(engines["engine-a"]["instance"]) == 6
     assert engines["engine-b"]["watching"] == 1
     assert engines["engine-b"]["moves"] == 3  # the three programs that left it
     assert engines["engine-a"]["programs"] == 3

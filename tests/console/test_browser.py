@@ -1,8 +1,10 @@
 """The console in a real browser: Playwright's client driving Debian's Chromium.
 
 Logs in as a tenant, opens a tool, checks that the CDF and its TTL line are drawn and a
-miss reason is listed, that another tenant's tool is absent and its page refused, and that
-the browser reports no error (a Content-Security-Policy violation would be one). Takes
+miss reason is listed, that another tenant's tool is absent and its page refused, that
+engines are listed by name, that a tool in its cold start says so and keeps its TTL line on
+the chart, and that the browser reports no error (a Content-Security-Policy violation would
+be one). Takes
 screenshots of the main pages; with ``CACHETTL_UPDATE_SCREENSHOTS=1`` they replace the
 documentation's (docs/img/console/).
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Response, sync_playwright
 
-from tests.console.conftest import ADMIN, Cluster
+from tests.console.conftest import ADMIN, LINT_CALLS, Cluster
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -110,6 +112,7 @@ def test_a_tenant_sees_its_tool_with_the_ttl_on_its_cdf(
     assert page.eval_on_selector("#cdf", RED_PIXELS) > 50  # the TTL line is drawn
     assert page.eval_on_selector("#hist", RED_PIXELS) > 50
     assert int(page.get_attribute("#cdf", "data-points") or 0) > 10
+    assert page.is_hidden("#cold-start")  # 400 samples: the tool's own model decides
     page.wait_for_selector("#outcomes canvas")
     reasons = page.inner_text("#miss-reasons")
     assert "expired" in reasons
@@ -130,8 +133,10 @@ def test_a_tenant_sees_its_tool_with_the_ttl_on_its_cdf(
     page.wait_for_selector("#workload canvas")
     page.screenshot(path=shots / "workload.png", full_page=True)
     page.goto(base + "/engines")
-    engines = page.inner_text("#engines")
-    assert "engine-a" in engines
+    names = page.locator("#engines td.engine-name").all_inner_texts()
+    assert names == ["engine-a", "engine-b"]  # the names the hooks were given, not ids
+    starts = page.locator("#engines td.instance").all_inner_texts()
+    assert [len(s) for s in starts] == [6, 6]
     assert "rival-engine" not in page.content()
     page.screenshot(path=shots / "engines.png", full_page=True)
     page.goto(base + "/shared?name=grep")
@@ -159,3 +164,28 @@ def test_the_admin_sees_the_tenants(cluster: Cluster, browser: Browser, shots: P
     page.goto(base + "/tenants")
     assert "not logged in" in page.inner_text("#login-error")
     assert errors == ["401 /tenants?"]
+
+
+def test_a_tool_in_its_cold_start_says_so_with_its_ttl_on_the_chart(
+    cluster: Cluster, browser: Browser, shots: Path
+) -> None:
+    """s0's ``lint`` has 37 calls of 3..8 ms: the TTL comes from the cold-start rule
+    (hundreds of ms), far right of every sample, and the page says where it comes from."""
+    base, errors = f"http://127.0.0.1:{cluster.port}", list[str]()
+    page = _page(browser, errors)
+    _log_in(page, base, cluster.tokens["s0"])
+    page.wait_for_url(base + "/tools")
+    page.goto(base + "/tool?name=lint")
+    page.wait_for_selector("#cdf[data-ttl] canvas")
+    cold = page.inner_text("#cold-start")
+    assert f"cold start: {LINT_CALLS} of 101 samples; the TTL comes from" in cold
+    assert "cold-start rule" in cold
+    assert "until it has 101 samples" in cold
+    assert page.inner_text("#basis") == "cold-start"
+    ttl = float(page.get_attribute("#cdf", "data-ttl") or "nan")
+    assert ttl > 0.1  # far beyond the longest call (8 ms)
+    for chart in ("#cdf", "#hist"):
+        assert page.get_attribute(chart, "data-ttl-inside") == "yes", chart
+        assert page.eval_on_selector(chart, RED_PIXELS) > 50, chart
+    page.screenshot(path=shots / "tool-cold-start.png", full_page=True)
+    assert errors == []

@@ -33,6 +33,8 @@
         draw: [(u) => {
           if (ttl == null || ttl <= 0) { u.root.parentElement.dataset.ttl = "none"; return; }
           const x = u.valToPos(Math.max(ttl, FLOOR), "x", true);
+          const inside = x >= u.bbox.left - 1 && x <= u.bbox.left + u.bbox.width + 1;
+          u.root.parentElement.dataset.ttlInside = inside ? "yes" : "no";
           const ctx = u.ctx;
           ctx.save();
           ctx.strokeStyle = "#d1495b";
@@ -44,7 +46,10 @@
           ctx.stroke();
           ctx.fillStyle = "#d1495b";
           ctx.font = 12 * devicePixelRatio + "px sans-serif";
-          ctx.fillText(" TTL " + secs(ttl) + ", F = " + (f || 0).toFixed(2), x, u.bbox.top + 14 * devicePixelRatio);
+          const label = " TTL " + secs(ttl) + ", F = " + (f || 0).toFixed(2) + " ";
+          const width = ctx.measureText(label).width;  // left of the line near the right edge
+          const at = x + width > u.bbox.left + u.bbox.width ? x - width : x;
+          ctx.fillText(label, at, u.bbox.top + 14 * devicePixelRatio);
           ctx.restore();
           u.root.parentElement.dataset.ttl = String(ttl);
         }],
@@ -52,6 +57,16 @@
     };
   }
   const logX = { x: { time: false, distr: 3, log: 10 } };
+  // A log x scale whose range always holds the TTL, so that its line is on the chart
+  // even when every sample is far shorter or longer than it (whole decades either side).
+  function logXWith(ttl) {
+    const t = ttl != null && ttl > 0 ? Math.max(ttl, FLOOR) : null;
+    return { x: { time: false, distr: 3, log: 10, range: (u, min, max) => {
+      const lo = t == null ? min : Math.min(min == null ? t : min, t);
+      const hi = t == null ? max : Math.max(max == null ? t : max, t);
+      return uPlot.rangeLog(lo, hi, 10, true);
+    } } };
+  }
   // Log axes: a label at each power of ten only (the other ticks stay unlabelled).
   const decade = (v) => v != null && Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-6;
   const logAxis = { values: (u, ticks) => ticks.map((v) => (decade(v) ? secs(v) : "")) };
@@ -61,8 +76,9 @@
     const cdf = d.cdf || [];
     const xs = cdf.map((p) => Math.max(p[0], FLOOR));
     const plugins = decision ? [ttlLine(decision.ttl_s, decision.f_ttl)] : [];
+    const x = decision ? logXWith(decision.ttl_s) : logX;
     plot("cdf", {
-      scales: Object.assign({ y: { range: [0, 1] } }, logX),
+      scales: Object.assign({ y: { range: [0, 1] } }, x),
       axes: [logAxis, {}],
       series: [{}, { label: "F(t)", stroke: COLORS[0], width: 2 }],
       legend: { show: false },
@@ -73,7 +89,7 @@
       const hx = h.map((b) => b[0]).concat([h[h.length - 1][1]]);
       const hy = h.map((b) => b[2]).concat([0]);
       plot("hist", {
-        scales: logX,
+        scales: x,
         axes: [logAxis, {}],
         series: [{}, { label: "calls", stroke: COLORS[3], fill: "rgba(102,161,130,0.35)",
           paths: uPlot.paths.stepped({ align: 1 }) }],
@@ -105,6 +121,8 @@
       overTime("reasons", data.timeline.t, data.timeline.reasons);
     }
     workload(data.series);
+    const cold = document.getElementById("cold-start");
+    if (cold && data.decision) cold.hidden = !data.decision.cold_start;
     document.querySelectorAll("[data-k]").forEach((el) => {
       const v = get(data, el.dataset.k);
       if (v === undefined) return;
