@@ -35,7 +35,7 @@ from controlplane.rpc.client import ControlPlaneClient
 from controlplane.storage import create_store
 from enginehook.core.tracker import PinOutcome, ToolCallReport
 from enginehook.link.remote import ControlPlaneLink
-from enginehook.link.spill import EventBuffer
+from enginehook.link.spill import DEFAULT_SPILL_MAX_BYTES, EventBuffer
 from enginehook.link.transport import GrpcTransport
 from enginehook.tools.servers import free_port, stop_process, wait_for
 
@@ -250,76 +250,118 @@ def _mount_tmpfs(folder: Path, size: str) -> None:
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
 
 
-def run_spill_full(work: Path, events: int, spill_dir: Path | None = None) -> str:
-    """Feed ``events`` to a link whose control plane is down and whose spill folder is on a
-    1 MiB tmpfs (or ``spill_dir``), then start the control plane; the report."""
+@dataclass
+class SpillRun:
+    """What a spill-full trial saw."""
+
+    events: int
+    max_bytes: int
+    slowest_submit_s: float = 0.0
+    disk: tuple[int, int] = (0, 0)
+    full: dict[str, float] = field(default_factory=dict)
+    flushed: bool = False
+    after: dict[str, float] = field(default_factory=dict)
+    thread_errors: list[str] = field(default_factory=list)
+    close_error: str = ""
+    restarted: tuple[bool, dict[str, float]] = (False, {})
+    records: list[logging.LogRecord] = field(default_factory=list)
+
+
+def _counters(link: ControlPlaneLink) -> dict[str, float]:
+    return {
+        name.removeprefix("cachettl_control_plane_"): float(v) for name, _, v in link.counters()
+    }
+
+
+def run_spill_full(
+    work: Path,
+    events: int,
+    spill_dir: Path | None = None,
+    tmpfs_size: str = "1m",
+    max_bytes: int = DEFAULT_SPILL_MAX_BYTES,
+) -> str:
+    """Feed ``events`` to a link whose control plane is down and whose spill folder (its
+    bound ``max_bytes``, the hook's ``spill_max_bytes``) is on a tmpfs of ``tmpfs_size``
+    (or ``spill_dir``), then start the control plane; the report."""
     mounted = spill_dir is None
     spill = spill_dir or work / "spill"
     if mounted:
-        _mount_tmpfs(spill, "1m")
+        _mount_tmpfs(spill, tmpfs_size)
     db = f"sqlite:///{work / 'cp.sqlite3'}"
     token = _run([_cli(), "tenants", "create", "engine", "--db", db]).strip()
-    port, records, serve = free_port(), _Records(), None
+    port, records, serve, run = free_port(), _Records(), None, SpillRun(events, max_bytes)
     logging.getLogger("enginehook").addHandler(records)
+    hook = threading.excepthook
+    threading.excepthook = lambda a: run.thread_errors.append(
+        f"{a.thread.name if a.thread else '?'}: {a.exc_type.__name__}: {a.exc_value}"
+    )
     link = ControlPlaneLink(
-        GrpcTransport(f"127.0.0.1:{port}", token, timeout_s=2.0), EventBuffer(spill, token=token)
+        GrpcTransport(f"127.0.0.1:{port}", token, timeout_s=2.0),
+        EventBuffer(spill, token=token, max_bytes=max_bytes),
     )
     try:
-        slowest = 0.0
         for i in range(events):
             started = time.monotonic()
             link.submit(_report(i))
-            slowest = max(slowest, time.monotonic() - started)
+            run.slowest_submit_s = max(run.slowest_submit_s, time.monotonic() - started)
         time.sleep(3.0)  # the sender writes what it can, and finds the control plane away
-        full = {name: float(value) for name, _, value in link.counters()}
-        usage = shutil.disk_usage(spill)
-        disk = (usage.total, usage.used)
+        run.full, usage = _counters(link), shutil.disk_usage(spill)
+        run.disk = (usage.total, usage.used)
         with (work / "serve.log").open("wb") as out:
-            serve = subprocess.Popen(
-                [_cli(), "serve", "--db", db, "--listen", f"127.0.0.1:{port}"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        delivered = link.flush(120.0)
-        after = {name: float(value) for name, _, value in link.counters()}
+            args = [_cli(), "serve", "--db", db, "--listen", f"127.0.0.1:{port}"]
+            serve = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        run.flushed = link.flush(30.0)
+        run.after = _counters(link)
     finally:
-        link.close()
+        try:
+            link.close()
+        except OSError as error:
+            run.close_error = f"{type(error).__name__}: {error}"
+    try:  # an engine restarted on the same spill folder (the disk still full)
+        again = ControlPlaneLink(
+            GrpcTransport(f"127.0.0.1:{port}", token, timeout_s=2.0),
+            EventBuffer(spill, token=token, max_bytes=max_bytes),
+        )
+        flushed = again.flush(30.0)
+        run.restarted = (flushed, {**_counters(again), "corrupt": float(again.buffer.corrupt)})
+        again.close()
+    finally:
+        threading.excepthook = hook
         logging.getLogger("enginehook").removeHandler(records)
         stop_process(serve, 30)
         if mounted:
-            subprocess.run(["umount", str(spill)], check=False)
-    return _spill_report(events, slowest, disk, full, delivered, after, db, records.records)
+            subprocess.run(["umount", "-l", str(spill)], check=False)
+    run.records = records.records
+    return _spill_report(run, db)
 
 
-def _spill_report(
-    events: int,
-    slowest: float,
-    disk: tuple[int, int],
-    full: dict[str, float],
-    delivered: bool,
-    after: dict[str, float],
-    db: str,
-    records: list[logging.LogRecord],
-) -> str:
+def _spill_report(run: SpillRun, db: str) -> str:
     store = create_store(db)
     try:
         stored = store.count_tool_calls()
     finally:
         store.close()
-    dropped = after["cachettl_control_plane_spill_dropped_total"]
-    rejected = after["cachettl_control_plane_events_rejected_total"]
-    levels = Counter(r.levelname for r in records)
-    firsts = {r.levelname: r.getMessage()[:200] for r in reversed(records)}
+    dropped, rejected = run.after["spill_dropped_total"], run.after["events_rejected_total"]
+    flushed, counters = run.restarted
+    delivered = counters.get("events_delivered_total", 0.0)
+    levels = Counter(r.levelname for r in run.records)
+    firsts = {r.levelname: r.getMessage()[:200] for r in reversed(run.records)}
     return "\n".join(
         [
-            f"events submitted {events}; slowest submit {slowest * 1000:.2f} ms",
-            f"spill folder: {disk[1]} of {disk[0]} bytes used with the control plane down",
-            f"link counters then: {full}",
-            f"control plane started: everything flushed {delivered}; counters {after}",
+            f"spill bound {run.max_bytes} bytes; events submitted {run.events}; "
+            f"slowest submit {run.slowest_submit_s * 1000:.2f} ms",
+            f"spill folder: {run.disk[1]} of {run.disk[0]} bytes used, control plane down",
+            f"link counters then: {run.full}",
+            f"uncaught in the link's threads: {run.thread_errors or 'nothing'}",
+            f"control plane started: everything delivered within 30 s: {run.flushed}",
+            f"link counters after: {run.after}",
+            f"link.close(): {run.close_error or 'returned'}",
+            f"a new link on the same spill folder (an engine restarted): delivered "
+            f"{delivered:.0f}, all within 30 s: {flushed}, corrupt lines skipped "
+            f"{counters.get('corrupt', 0.0):.0f}",
             f"stored {stored}; dropped and counted {dropped:.0f}; rejected {rejected:.0f}; "
-            f"unaccounted {events - stored - dropped - rejected:.0f}",
+            f"neither {run.events - stored - dropped - rejected:.0f}",
             f"log records by level {dict(levels)}; the first of each: {firsts}",
-            f"tracebacks logged: {sum(r.exc_info is not None for r in records)}",
         ]
     )
 
@@ -340,6 +382,13 @@ def register(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--events", type=int, default=20_000, help="events fed while it is down")
     p.add_argument("--spill-dir", default="", help="a folder on a small filesystem instead")
+    p.add_argument("--tmpfs-size", default="1m", help="the tmpfs's size (mount's size=)")
+    p.add_argument(
+        "--spill-max-bytes",
+        type=int,
+        default=DEFAULT_SPILL_MAX_BYTES,
+        help="the spill's bound (the hook's spill_max_bytes)",
+    )
     p.set_defaults(handler=_bench_spill)
 
 
@@ -358,5 +407,5 @@ def _bench_spill(args: argparse.Namespace) -> int:
         raise ValueError(f"--events: at least 1, got {args.events}")
     with tempfile.TemporaryDirectory(prefix="cachettl-spill-") as work:
         spill = Path(args.spill_dir) if args.spill_dir else None
-        print(run_spill_full(Path(work), args.events, spill))
+        print(run_spill_full(Path(work), args.events, spill, args.tmpfs_size, args.spill_max_bytes))
     return 0
