@@ -165,22 +165,13 @@ class ControlPlane:
     def _resigned(
         self, record: SnapshotRecord | None, fresh: ModelState, mark: Compaction
     ) -> ModelState | None:
-        """``record``'s models under this server's signature rules, when only those differ
-        (``ModelState.under_signatures_of``: invocations learn again) and they cover the
-        compaction ``mark``; else None."""
+        """``record``'s models under this server's signature rules, if only those differ
+        and they cover ``mark`` (``ModelState.under_signatures_of``), else None."""
         restored = _load_snapshot(record.payload) if record is not None else None
-        resigned = restored.under_signatures_of(fresh) if restored is not None else None
-        if (
-            resigned is None
-            or resigned.tool_seq < mark.tool_seq
-            or resigned.end_seq < mark.end_seq
-            or not self.name_limits.holds_for(resigned.models.durations)
-        ):
+        resigned = restored.under_signatures_of(fresh, mark) if restored is not None else None
+        if resigned is None or not self.name_limits.holds_for(resigned.models.durations):
             return None
-        log.warning(
-            "the stored snapshot's signatures were derived by other rules and the log is "
-            "compacted past a replay: its invocation models are dropped and learn again"
-        )
+        log.warning("stored models keyed by other signature rules: invocations learn again")
         return resigned
 
     def catch_up(self) -> int:

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from controlplane.records import PinOutcome, StoredProgramEnd, StoredToolCall
 from controlplane.sharing import SharedModels, SharingRules
+from controlplane.storage.base import Compaction
 from estimator import DEFAULT_PROFILE, DurationModel, Models, TtlPolicy
 from estimator.signatures import SignatureRegistry, SignatureRule
 
@@ -123,12 +124,14 @@ class ModelState:
         """Whether this (restored) state was built exactly as ``fresh`` would be."""
         return self.config == fresh.config and self.layout == fresh.layout
 
-    def under_signatures_of(self, fresh: ModelState) -> ModelState | None:
-        """This (restored) state under ``fresh``'s signature rules, when only those differ,
-        else None: its invocation models are dropped (no other level depends on
-        signatures) and learn again from the next calls. For a log compacted past what a
-        replay would need; otherwise the log is replayed, which is exact."""
+    def under_signatures_of(self, fresh: ModelState, mark: Compaction) -> ModelState | None:
+        """This (restored) state under ``fresh``'s signature rules, when only those differ
+        and it covers the compaction ``mark``, else None: its invocation models are
+        dropped (no other level depends on signatures) and learn again from the next
+        calls. For a log compacted past what a replay needs; else the log is replayed."""
         if self.config[:3] != fresh.config[:3] or self.layout != fresh.layout:
+            return None
+        if self.tool_seq < mark.tool_seq or self.end_seq < mark.end_seq:
             return None
         durations = self.models.durations
         durations.forget_invocations()
