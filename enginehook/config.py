@@ -183,8 +183,8 @@ class HookConfig:
     cpu_tier: str = "auto"
     strict_vllm_version: bool = False
     mode: str = "pin"
-    pin_tools: tuple[str, ...] = ()
-    skip_tools: tuple[str, ...] = ()
+    pin_tools: list[str] = field(default_factory=list)
+    skip_tools: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.rules, SchedulingRules):
@@ -283,7 +283,7 @@ class HookConfig:
             where = f"{_PREFIX}.{key}"
             if listed is None or listed == "":
                 listed, where = os.environ.get(env, "").strip(), f"${env}"
-            values[key] = parse_tools(listed, where) if listed else ()
+            values[key] = list(parse_tools(listed, where)) if listed else []
         if values.get("token"):
             logger.warning(
                 "%s.token is given literally: vLLM logs its arguments and they show on the "

@@ -29,12 +29,9 @@ False
 
 from __future__ import annotations
 
-import threading
-
-from controlplane.records import PinOutcome
 from controlplane.storage.rollouts import Rollout, RolloutMode
 
-__all__ = ["SHADOW", "Rollout", "RolloutMode", "RolloutState", "ShadowCounts"]
+__all__ = ["SHADOW", "Rollout", "RolloutMode", "RolloutState"]
 
 #: The rollout of shadow mode: nothing pinned, vLLM's order kept.
 SHADOW = Rollout(RolloutMode.SHADOW)
@@ -75,44 +72,3 @@ class RolloutState:
         remote = self.remote.describe() if self.remote is not None else "none"
         own = "shadow" if self.shadow else self.local.describe()
         return f"RolloutState(own={own!r}, control plane={remote!r})"
-
-
-#: The engine's counters of shadow calls, by what their pin would have met.
-_SHADOW_COUNTERS = {
-    PinOutcome.HIT: "cachettl_shadow_would_hit_total",
-    PinOutcome.EXPIRED: "cachettl_shadow_would_expire_total",
-    PinOutcome.NOT_PINNED: "cachettl_shadow_not_pinned_total",
-}
-
-
-class ShadowCounts:
-    """Shadow calls whose program came back, by what their pin would have met: within
-    its TTL (``would_hit``), after it (``would_expire``), or no pin (TTL 0); and the
-    rollout in force, as Prometheus counters and a gauge (``counters()``).
-
-    >>> counts = ShadowCounts(RolloutState(shadow=True))
-    >>> counts.returned(PinOutcome.HIT); counts.returned(PinOutcome.EXPIRED)
-    >>> [value for _, _, value in counts.counters()]  # hit, expire, TTL 0; the mode gauge
-    [1, 1, 0, 1]
-    """
-
-    def __init__(self, rollout: RolloutState | None = None) -> None:
-        self.rollout = rollout or RolloutState()
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(_SHADOW_COUNTERS, 0)
-
-    def returned(self, outcome: PinOutcome) -> None:
-        """A shadow call's program came back; ``outcome``: what its pin would have met."""
-        if outcome in self._counts:
-            with self._lock:
-                self._counts[outcome] += 1
-
-    def count(self, outcome: PinOutcome) -> int:
-        return self._counts.get(outcome, 0)
-
-    def counters(self) -> list[tuple[str, str, int]]:
-        """``(name, type, value)`` for the metrics endpoint: the counts, then
-        ``cachettl_shadow_mode`` (1 while shadow mode is in force)."""
-        with self._lock:
-            rows = [(name, "counter", self._counts[o]) for o, name in _SHADOW_COUNTERS.items()]
-        return [*rows, ("cachettl_shadow_mode", "gauge", int(self.rollout.keeps_vllm_order))]

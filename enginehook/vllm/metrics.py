@@ -2,9 +2,10 @@
 pressure releases, decisions by basis, returning turns and their misses by reason (with
 how long after its pin's expiry an expired turn came back), whether misses are priced
 as CPU reloads, and what became of the events (the event log's and the control-plane
-link's counters, read from the sink at each scrape). Rendered as Prometheus text by
-:meth:`HookMetrics.prometheus`, which :mod:`enginehook.vllm.endpoint` serves on the hook's
-own endpoint when configured.
+link's counters, read from the sink at each scrape), and in shadow mode or outside the
+rollout what the pins not made would have met, and the rollout in force. Rendered as
+Prometheus text by :meth:`HookMetrics.prometheus`, which :mod:`enginehook.vllm.endpoint`
+serves on the hook's own endpoint when configured.
 
 >>> m = HookMetrics()
 >>> from controlplane.records import MissReason
@@ -30,9 +31,16 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from controlplane.records import NotPinnedCause, TurnCache
+from controlplane.records import NotPinnedCause, PinOutcome, TurnCache
+from controlplane.storage.rollouts import Rollout
 
-__all__ = ["EXPIRED_BY_BUCKETS_S", "HookMetrics"]
+__all__ = ["EXPIRED_BY_BUCKETS_S", "SHADOW_OUTCOMES", "HookMetrics"]
+
+#: What a shadow call's pin would have met (``cachettl_shadow_pins_total{outcome}``).
+SHADOW_OUTCOMES = ("would_hit", "would_expire", "not_pinned")
+_SHADOW_LABELS = dict(
+    zip((PinOutcome.HIT, PinOutcome.EXPIRED, PinOutcome.NOT_PINNED), SHADOW_OUTCOMES, strict=True)
+)
 
 #: Upper bounds (seconds) of the expired-by histogram's buckets (then +Inf).
 EXPIRED_BY_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -64,6 +72,10 @@ class HookMetrics:
         self.misses: Counter[tuple[str, str]] = Counter()
         self.expired_by_buckets = [0] * (len(EXPIRED_BY_BUCKETS_S) + 1)
         self.expired_by_sum = 0.0
+        #: Shadow calls whose program came back, by what their pin would have met.
+        self.shadow_pins: Counter[str] = Counter(dict.fromkeys(SHADOW_OUTCOMES, 0))
+        #: The rollout in force, read at each scrape (:mod:`enginehook.core.rollout`).
+        self._rollout: Callable[[], Rollout] = Rollout
         self._sink_counters: Callable[[], list[tuple[str, str, int]]] = list
         self._more_counters: list[Callable[[], list[tuple[str, str, int]]]] = []
         #: Exceptions of the hook's own code caught before vLLM, by hook.
@@ -132,6 +144,18 @@ class HookMetrics:
                 self.expired_by_buckets[i] += 1
                 self.expired_by_sum += cache.expired_by_s
 
+    def shadow_returned(self, outcome: PinOutcome) -> None:
+        """A shadow call's program came back; ``outcome``: what its pin would have met
+        (``HIT``: within its TTL, ``EXPIRED``: after it, ``NOT_PINNED``: TTL 0)."""
+        label = _SHADOW_LABELS.get(outcome)
+        if label is not None:
+            with self._lock:
+                self.shadow_pins[label] += 1
+
+    def track_rollout(self, in_force: Callable[[], Rollout]) -> None:
+        """Where the rollout in force is read at each scrape."""
+        self._rollout = in_force
+
     def released(self, reason: str) -> None:
         """A pin ended for ``reason`` (a :class:`~enginehook.core.pins.ReleaseReason` value)."""
         with self._lock:
@@ -194,6 +218,7 @@ class HookMetrics:
                 "turn_misses": {f"{r}/{c}" if c else r: n for (r, c), n in self.misses.items()},
                 "expired_by_buckets": list(self.expired_by_buckets),
                 "expired_by_sum_s": self.expired_by_sum,
+                "shadow_pins": dict(self.shadow_pins),
                 "hook_us_per_schedule": (
                     1e6 * self.hook_seconds / self.schedule_calls if self.schedule_calls else 0.0
                 ),
@@ -225,6 +250,7 @@ class HookMetrics:
             for b, n in sorted(s["decisions"].items())
         ]
         lines += self._turn_lines(s)
+        lines += self._rollout_lines(s)
         lines.append("# TYPE cachettl_hook_faults_total counter")
         lines += [
             f'cachettl_hook_faults_total{{hook="{h}"}} {n}' for h, n in sorted(s["faults"].items())
@@ -244,6 +270,23 @@ class HookMetrics:
             for name, kind, value in counters():
                 lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
         return "\n".join(lines) + "\n"
+
+    def _rollout_lines(self, s: dict[str, Any]) -> list[str]:
+        """Shadow calls by what their pin would have met, and the rollout in force."""
+        rollout = self._rollout()
+        tools = ",".join(rollout.tools)
+        lines = ["# TYPE cachettl_shadow_pins_total counter"]
+        lines += [
+            f'cachettl_shadow_pins_total{{outcome="{o}"}} {n}'
+            for o, n in sorted(s["shadow_pins"].items())
+        ]
+        return [
+            *lines,
+            "# TYPE cachettl_shadow_mode gauge",
+            f"cachettl_shadow_mode {int(rollout.shadow)}",
+            "# TYPE cachettl_rollout gauge",
+            f'cachettl_rollout{{mode="{rollout.mode.label}",tools="{tools}"}} 1',
+        ]
 
     def _turn_lines(self, s: dict[str, Any]) -> list[str]:
         """Returning turns by reason, misses by reason and cause, and the expired-by

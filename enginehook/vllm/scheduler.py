@@ -54,7 +54,6 @@ from vllm.v1.request import Request, RequestStatus
 from enginehook.config import HookConfig
 from enginehook.core.lifecycle import PinController
 from enginehook.core.pins import Pin, ReleaseReason
-from enginehook.core.rollout import ShadowCounts
 from enginehook.core.tracker import CacheSeen
 from enginehook.hints.flat import Hints
 from enginehook.hints.ids import session_id_problem
@@ -120,8 +119,7 @@ class CacheTTLMixin(FinishedTurnHooks):
             self.metrics.set_passthrough(passthrough[0])
         #: Which tools may be pinned (own setting; the link adds the control plane's).
         self.rollout = self.services.decider.rollout = config.rollout()
-        self.shadow_counts = ShadowCounts(self.rollout)
-        self.metrics.add_counters(self.shadow_counts.counters)
+        self.metrics.track_rollout(self.rollout.in_force)
         self.controller: PinController[list[Any]] = PinController(
             config.rules,
             self,
@@ -326,7 +324,7 @@ class CacheTTLMixin(FinishedTurnHooks):
         if turn is not None:
             self.metrics.returned(turn.cache)
             if turn.event is not None and turn.event.shadow:
-                self.shadow_counts.returned(turn.event.pin_outcome)
+                self.metrics.shadow_returned(turn.event.pin_outcome)
 
     def _next_waiting_queue(self, take_async_kv: bool) -> Any:
         """vLLM 0.34: which of ``waiting`` and ``async_kv_waiting`` goes next. vLLM compares

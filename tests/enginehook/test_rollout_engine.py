@@ -111,8 +111,7 @@ def test_a_tool_outside_the_rollout_is_not_pinned_until_rollout_set_adds_it(driv
     assert calls["A"].pin_outcome.label == "hit"  # it came back within the TTL it would pin
     assert not calls["B"].shadow
     assert calls["B"].pin_outcome.label == "hit"
-    assert scheduler.shadow_counts.counters()[0] == (
-        "cachettl_shadow_would_hit_total",
-        "counter",
-        1,
-    )
+    assert scheduler.metrics.snapshot()["shadow_pins"]["would_hit"] == 1
+    text = scheduler.metrics.prometheus()
+    assert 'cachettl_rollout{mode="only",tools="bash,pytest"} 1' in text
+    assert "cachettl_shadow_mode 0" in text

@@ -100,7 +100,7 @@ def test_the_engines_own_setting_from_additional_config_or_the_environment(monke
     monkeypatch.setenv("CACHETTL_MODE", "shadow")
     monkeypatch.setenv("CACHETTL_SKIP_TOOLS", "web_search, sleep")
     config = HookConfig.from_additional({})
-    assert (config.mode, config.skip_tools) == ("shadow", ("sleep", "web_search"))
+    assert (config.mode, config.skip_tools) == ("shadow", ["sleep", "web_search"])
     assert config.rollout().keeps_vllm_order
     listed = HookConfig.from_additional({"cachettl": {"mode": "pin", "skip_tools": ["x"]}})
     assert listed.rollout().in_force() == Rollout.of("except", ["x"])  # the config's own wins
