@@ -153,7 +153,8 @@ def test_name_limits_refuse_a_batch_whole(store: Store, serve) -> None:
         ControlPlaneClient(server.target, token) as client,
         ControlPlaneClient(server.target, other) as o,
     ):
-        client.record_tool_calls([_call(i, f"tool-{i}", f"cmd{i}") for i in range(3)])
+        # arguments that name a command (a signature each): {"cmd": "cmd0"} ...
+        client.record_tool_calls([_call(i, f"tool-{i}", f'{{"cmd": "cmd{i}"}}') for i in range(3)])
         stored = store.count_tool_calls()
         code, details = _refused(client, [_call(10, "tool-0"), _call(11, "new-tool")])
         assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -161,12 +162,13 @@ def test_name_limits_refuse_a_batch_whole(store: Store, serve) -> None:
         assert "3 distinct tool names" in details
         assert "limit of 3" in details
         assert "--max-tools-per-tenant" in details
-        code, details = _refused(client, [_call(12, "tool-0", "a"), _call(13, "tool-1", "b")])
+        named = [_call(12, "tool-0", '{"cmd": "a"}'), _call(13, "tool-1", '{"cmd": "b"}')]
+        code, details = _refused(client, named)
         assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "events[1].tool_args" in details
         assert "--max-signatures-per-tenant" in details
         assert store.count_tool_calls() == stored  # nothing of either batch
-        assert client.record_tool_calls([_call(14, "tool-2", "cmd0")]).accepted == 1
+        assert client.record_tool_calls([_call(14, "tool-2", '{"cmd": "cmd0"}')]).accepted == 1
         assert o.record_tool_calls([_call(i, f"x-{i}") for i in range(3)]).accepted == 3
         shown = _metrics(server.server.metrics_port)
         assert 'cachettl_batches_refused_total{limit="tools"} 1.0' in shown

@@ -6,6 +6,7 @@ good)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +46,8 @@ def _at_caps(plane: ControlPlane, tenant: Tenant) -> None:
         for i in range(TOOLS):
             for j in range(PER_TOOL):
                 n += 1
-                batch.append(ToolCall(f"e{n}", "p", _name(i), _name(j), 1 + (k % 3) / 100))
+                args = json.dumps({"command": _name(j)})  # names a command: a signature
+                batch.append(ToolCall(f"e{n}", "p", _name(i), args, 1 + (k % 3) / 100))
                 if len(batch) == 1000:
                     plane.record_tool_calls(tenant, batch)
                     batch = []
