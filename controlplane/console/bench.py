@@ -108,7 +108,7 @@ def fill(plane: ControlPlane, tenant: Tenant, tools: int, signatures: int) -> in
                         f"e{n}",
                         f"p{n % 997}",
                         f"t{t:04d}",
-                        f"s{s:05d} -x" if count else "",
+                        f'{{"command": "s{s:05d} -x"}}' if count else "",  # names one
                         0.05 * (1 + (n * 7919) % 400),
                         now - 3600 + n * 0.01,
                         k,
