@@ -1,4 +1,5 @@
-"""The quickstart's and the deploy page's commands, run verbatim on this machine.
+"""The quickstart's and the deploy page's commands, run verbatim on this machine; the
+operations page's runbooks, each naming the test or command that tried it.
 
 Each page's marked shell blocks (``<!-- docs-test: run -->``, tests/docs/pages.py) are joined
 into one bash script and run from the repository's root; the only thing the test changes is
@@ -10,6 +11,7 @@ process group.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import secrets
@@ -189,3 +191,78 @@ def test_replicas_on_postgresql_share_one_database(
     assert re.search(r"^schema empty -> \d{4}$", out, re.M), out
     assert _metric(out, "cachettl_database_reachable") == [1.0, 1.0], out
     assert re.search(r"^agents +no +active ", out, re.M), out
+
+
+# -- the operations page's runbooks: each entry names what tried it ---------------------------
+
+OPERATIONS = DOCS / "operations.md"
+RUNBOOKS = "When a part is away"
+#: The faults the page must have an entry for (the start of each entry's heading).
+FAULTS = (
+    "An engine killed behind vllm-router",
+    "A control-plane replica lost",
+    "PostgreSQL restarted",
+    "The hook's spill folder on a full disk",
+    "A tenant at its caps",
+)
+_TEST_REF = re.compile(r"`(tests/[\w/]+\.py)(?:::(\w+))?`")
+_BENCH_REF = re.compile(r"`cachettl bench ([\w-]+)[^`]*`")
+
+
+def runbook_entries(page: Path, section: str) -> dict[str, str]:
+    """The ``###`` entries of a ``##`` section: heading -> the entry's text."""
+    text = page.read_text(encoding="utf-8")
+    start = text.index(f"\n## {section}\n")
+    end = text.find("\n## ", start + 1)
+    body = text[start : end if end >= 0 else len(text)]
+    parts = re.split(r"^### (.+)$", body, flags=re.M)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def _bench_commands() -> set[str]:
+    from controlplane.cli import build_parser
+
+    def sub(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        found = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return dict(found[0].choices) if found else {}
+
+    return set(sub(sub(build_parser())["bench"]))
+
+
+def _missing(text: str, commands: set[str]) -> list[str]:
+    """What an entry's **Tried** names that does not exist (a file, a test in it, a bench)."""
+    missing = []
+    for path, name in _TEST_REF.findall(text):
+        source = ROOT / path
+        if not source.is_file():
+            missing.append(path)
+        elif name and not re.search(rf"^(async )?def {name}\(", source.read_text(), re.M):
+            missing.append(f"{path}::{name}")
+    missing += [f"cachettl bench {c}" for c in _BENCH_REF.findall(text) if c not in commands]
+    return missing
+
+
+def test_every_runbook_entry_names_a_test_or_command_that_exists() -> None:
+    entries = runbook_entries(OPERATIONS, RUNBOOKS)
+    for fault in FAULTS:
+        assert any(h.startswith(fault) for h in entries), f"no runbook entry for {fault!r}"
+    commands = _bench_commands()
+    for heading, text in entries.items():
+        assert text.count("**Tried:**") == 1, f"{heading!r}: one **Tried:** line"
+        tried = text.split("**Tried:**", 1)[1]
+        named = _TEST_REF.findall(tried) + _BENCH_REF.findall(tried)
+        assert named, f"{heading!r}: its **Tried** names no test and no `cachettl bench`"
+        assert _missing(tried, commands) == [], heading
+
+
+def test_a_runbook_naming_what_does_not_exist_is_caught() -> None:
+    """The check above can fail: a missing file, test and bench are each named."""
+    text = (
+        "`tests/docs/test_runbooks.py::no_such_test`, `tests/no_such_file.py` and "
+        "`cachettl bench no-such-bench --x 1`; `tests/docs/pages.py::blocks` exists"
+    )
+    assert _missing(text, _bench_commands()) == [
+        "tests/docs/test_runbooks.py::no_such_test",
+        "tests/no_such_file.py",
+        "cachettl bench no-such-bench",
+    ]
