@@ -1,5 +1,5 @@
 """`cachettl` subcommands of this package (registered by `controlplane.cli`):
-``simulate``, ``trace generate|stats``, ``demo``, ``bench policies``,
+``simulate``, ``trace generate|stats``, ``demo``, ``forecast``, ``bench policies``,
 ``bench simulator`` and ``bench fidelity``."""
 
 from __future__ import annotations
@@ -92,12 +92,23 @@ def register(
 
     from simulator.studies import bench as bench_module
     from simulator.studies import cluster as cluster_bench
-    from simulator.studies import composition, demo, fidelity, frontier, learning, seeds, study
+    from simulator.studies import (
+        composition,
+        demo,
+        fidelity,
+        forecasting,
+        frontier,
+        learning,
+        seeds,
+        study,
+    )
 
     for module in (bench_module, study, frontier, seeds, composition, fidelity, cluster_bench):
         module.register(bench)
     learning.register(bench)
+    forecasting.register_bench(bench)
     demo.register(commands)
+    forecasting.register(commands)
 
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
