@@ -49,7 +49,9 @@ def test_programs_rebuilt_from_a_real_store(tmp_path: Path) -> None:
     try:
         tenant: Tenant = store.create_tenant("acme", False, "h" * 64, 0.0)
 
-        def call(eid: str, program: str, turn: int, at: float | None, reusable: int | None):  # type: ignore[no-untyped-def]
+        def call(
+            eid: str, program: str, turn: int, at: float | None, reusable: int | None
+        ) -> ToolCall:
             cache = TurnCache(MissReason.HIT, reusable_tokens=reusable)
             return ToolCall(
                 eid,
