@@ -134,3 +134,19 @@ def test_a_store_that_keyed_free_text_learns_again_on_restart(
         client.record_tool_calls([ToolCall("b-1", "b-p", "bash", "pytest -q", 8.0)])
         assert "pytest" in _signatures(client)["bash"]
     store.close()
+
+
+def test_a_bad_rule_stops_the_server_in_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from controlplane.__main__ import main
+
+    db = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    assert main(["serve", "--db", db, "--signature-rule", "bash=shell"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "signature rule 'bash=shell': the kind must be command, keys, none or regex:" in err
+    assert len(err.splitlines()) == 1
+    config = tmp_path / "serve.toml"
+    config.write_text('signature-rule = ["grep=regex:("]\n')
+    assert main(["serve", "--config", str(config), "--db", db]) == 2
+    assert "signature rule 'grep=regex:(': the pattern does not compile" in capsys.readouterr().err
