@@ -46,6 +46,7 @@
           ctx.stroke();
           ctx.fillStyle = "#d1495b";
           ctx.font = 12 * devicePixelRatio + "px sans-serif";
+          ctx.textAlign = "left";  // uPlot leaves its axes' alignment set
           const label = " TTL " + secs(ttl) + ", F = " + (f || 0).toFixed(2) + " ";
           const width = ctx.measureText(label).width;  // left of the line near the right edge
           const at = x + width > u.bbox.left + u.bbox.width ? x - width : x;
