@@ -366,6 +366,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.sessions < 2:
         raise ValueError(f"--sessions: at least 2 (one per engine), got {args.sessions}")
     settings = [s for s in args.settings.split(",") if s]
+    unknown = [s for s in settings if s not in SETTINGS]
+    if unknown or not settings:
+        raise ValueError(f"--settings: unknown {unknown}; choose from {sorted(SETTINGS)}")
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="cachettl-fault-"))
     started = time.monotonic()
     phases = run_fault_engine_death(work, settings, args.sessions)
