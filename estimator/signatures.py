@@ -474,9 +474,10 @@ def is_command_tool(tool: str) -> bool:
 
 
 class SignatureRegistry:
-    """Which extractor gives each tool's signatures: the operator's rules, then extractors
-    registered in code, then :func:`command_signature` for :data:`COMMAND_TOOLS`, then
-    ``default`` (:func:`default_signature`).
+    """Which extractor gives each tool's signatures: the tool's own, if it has one (an
+    extractor given in code, which an operator's rule for the tool replaces, and which
+    :meth:`register` replaces in turn), else :func:`command_signature` for
+    :data:`COMMAND_TOOLS`, else ``default`` (:func:`default_signature`).
 
     >>> registry = SignatureRegistry(rules=parse_rules(["web_search=keys"]))
     >>> registry.signature("bash", "git diff | head"), registry.signature("grep", "def x")
