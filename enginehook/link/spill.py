@@ -13,7 +13,12 @@ control plane drops repeats by event id). A line a crash tore is skipped and cou
 
 The bound: ``max_bytes`` of segment files in the folder (those found at start included).
 An event that would pass it is not written: it is dropped and counted (``dropped``), with
-one warning per run of drops; the events already on disk are kept and delivered first.
+one warning per run of drops; the events already on disk are kept and delivered first. A
+disk that refuses a write (full before the bound, read-only, failing) is treated alike:
+what the open segment holds on disk stays and is delivered, the events the refused write
+carried and those that come while the disk refuses are dropped and counted (``dropped``),
+one warning per run, and an event a second later tries the disk again. The link's
+thread never dies of it.
 
 :func:`default_spill_dir` is the stable per-engine folder used when ``spill_dir`` is unset,
 and :func:`claim_spill_dir` makes sure two live engines never share one.
@@ -36,6 +41,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import IO
@@ -62,6 +68,8 @@ logger = logging.getLogger("enginehook.link.spill")
 
 Event = ToolCallReport | ProgramEndReport
 
+#: Seconds after the disk refused a write before the spill tries it again.
+REFUSED_RETRY_S = 1.0
 #: The spill's default bound on disk (``spill_max_bytes``).
 DEFAULT_SPILL_MAX_BYTES = 256 * 1024 * 1024
 
@@ -204,6 +212,8 @@ class EventBuffer:
         self._loaded: Path | None = None  # the segment the oldest memory events came from
         self._backed = 0  # how many of the oldest memory events are still in _loaded
         self._full = False
+        self._refusing = False  # the disk refused a write: new events dropped until _retry_at
+        self._retry_at = 0.0
         #: Counts the times :meth:`spill_all` moved events of memory onto the disk: a batch
         #: peeked before that is no longer in memory, and its :meth:`drop` is skipped.
         self.epoch = 0
@@ -231,35 +241,80 @@ class EventBuffer:
             self._full = True
             return
         self._full = False
-        full = self._open_lines >= self.segment_events or self._open_bytes >= self.segment_bytes
-        if self._open is None or full:
-            self._close_open()
-            self._seq += 1
-            path = self.spill_dir / f"spill-{self._seq:09d}.jsonl"
-            self._segments.append(path)
-            self._open = path.open("a", encoding="utf-8")
-            self._open_lines = self._open_bytes = 0
-            self.segments_opened += 1
-        self._open.write(line)
+        if self._refusing and time.monotonic() < self._retry_at:
+            self.dropped += 1  # the disk refused a write less than a second ago
+            return
+        try:
+            full = self._open_lines >= self.segment_events or self._open_bytes >= self.segment_bytes
+            if self._open is None or full:
+                self._close_open()
+                self._seq += 1
+                path = self.spill_dir / f"spill-{self._seq:09d}.jsonl"
+                self._open = path.open("a", encoding="utf-8")
+                self._segments.append(path)
+                self._open_lines = self._open_bytes = 0
+                self.segments_opened += 1
+            self._open.write(line)
+        except OSError as error:
+            self.dropped += 1  # this event, and below what the refused write carried
+            self._refused(error)
+            return
         self._open_lines += 1
         self._open_bytes += size
         self._spilled += 1
         self._bytes += size
 
+    def _refused(self, error: OSError) -> None:
+        """The disk refused a write of the open segment: keep what that segment holds on
+        disk, count the events it believed written but which are not as dropped, and
+        start the next event on a new segment (the module doc)."""
+        if not self._refusing:
+            logger.warning(
+                "spill %s: the disk refused a write (%s): dropping new events until it "
+                "takes them again",
+                self.spill_dir,
+                error.strerror or error,
+            )
+        self._refusing = True
+        self._retry_at = time.monotonic() + REFUSED_RETRY_S
+        if self._open is None:
+            return
+        path = Path(self._open.name)
+        with contextlib.suppress(OSError):
+            self._open.close()  # the raw file closes even when the flush fails
+        self._open = None
+        try:
+            on_disk = path.read_bytes()
+        except OSError:
+            on_disk = b""
+        # Lines as reading will count them: a torn last one is read, skipped and counted
+        # as corrupt there.
+        kept = sum(1 for line in on_disk.split(b"\n") if line.strip())
+        self.dropped += max(0, self._open_lines - kept)
+        self._spilled -= max(0, self._open_lines - kept)
+        self._bytes -= self._open_bytes - len(on_disk)
+        self._open_lines = self._open_bytes = 0
+
     def _close_open(self) -> None:
         if self._open is not None:
-            with contextlib.suppress(OSError):
+            try:
                 self._open.flush()
                 os.fsync(self._open.fileno())
                 self._open.close()
+            except OSError as error:
+                self._refused(error)
             self._open = None
 
     def sync(self) -> None:
         """Flush the open segment to the disk (``fsync``)."""
         with self._lock:
             if self._open is not None:
-                self._open.flush()
-                os.fsync(self._open.fileno())
+                try:
+                    self._open.flush()
+                    os.fsync(self._open.fileno())
+                    self._refusing = False
+                except OSError as error:
+                    self._refused(error)
 
     def peek(self, n: int) -> list[Event]:
         """Up to ``n`` oldest events (refilling memory from the oldest spill segment)."""
@@ -309,7 +364,11 @@ class EventBuffer:
             if moved:
                 self.epoch += 1
             if self._open is not None:
-                self._open.flush()  # written; sync() makes it durable
+                try:
+                    self._open.flush()  # written; sync() makes it durable
+                    self._refusing = False
+                except OSError as error:
+                    self._refused(error)
             return backed + len(moved)
 
     def forget_memory(self) -> None:
