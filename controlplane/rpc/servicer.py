@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.descriptor import FileDescriptor
-from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
 from controlplane import inspection, validation
@@ -49,6 +48,7 @@ from controlplane.rpc.gate import Budgets, Gate, until
 from controlplane.rpc.heap import HeapTrimmer
 from controlplane.rpc.lanes import Lanes
 from controlplane.rpc.metrics import Metrics
+from controlplane.rpc.parsing import Malformed, Unparsed, parser, serializer
 from controlplane.rpc.sends import SendBudget
 from controlplane.service import ControlPlane
 from controlplane.state import PinCounts
@@ -69,59 +69,6 @@ _CODES: tuple[tuple[type[Exception], grpc.StatusCode, str], ...] = (
     (SlowClientError, grpc.StatusCode.DEADLINE_EXCEEDED, ""),
     (StorageError, grpc.StatusCode.UNAVAILABLE, "database unavailable: "),
 )
-
-
-class Malformed:
-    """Stands for a request whose bytes did not parse (answered INVALID_ARGUMENT)."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-    def __str__(self) -> str:
-        return str(self.error)
-
-
-#: Requests larger than this are parsed on a lane thread, in the tenant's share of the
-#: server (:mod:`controlplane.rpc.lanes`), not on the event loop that answers decisions:
-#: a 4 MB batch took the loop 5 ms.
-PARSE_ON_LOOP_BYTES = 64 << 10
-
-
-class Unparsed:
-    """A request too large to parse on the event loop: parsed later, on a lane."""
-
-    def __init__(self, cls: type[Message], data: bytes) -> None:
-        self.cls = cls
-        self.data = data
-
-    def parse(self) -> object:
-        return _parse(self.cls, self.data)
-
-
-def _parse(cls: type[Message], data: bytes) -> object:
-    try:
-        return cls.FromString(data)
-    except DecodeError as error:
-        return Malformed(error)
-
-
-def _parser(cls: type[Message]) -> Callable[[bytes], object]:
-    def parse(data: bytes) -> object:
-        if len(data) > PARSE_ON_LOOP_BYTES:
-            return Unparsed(cls, data)
-        return _parse(cls, data)
-
-    return parse
-
-
-def _serializer(cls: type[Message]) -> Callable[[object], bytes]:
-    def serialize(message: object) -> bytes:
-        if isinstance(message, bytes):  # already serialized (snapshots)
-            return message
-        assert isinstance(message, cls)
-        return message.SerializeToString()
-
-    return serialize
 
 
 def generic_handlers(servicer: Servicer, files: Sequence[FileDescriptor]) -> list[Any]:
@@ -145,8 +92,8 @@ def generic_handlers(servicer: Servicer, files: Sequence[FileDescriptor]) -> lis
                     make = grpc.stream_unary_rpc_method_handler
                 methods[m.name] = make(
                     behavior,
-                    request_deserializer=_parser(GetMessageClass(m.input_type)),
-                    response_serializer=_serializer(GetMessageClass(m.output_type)),
+                    request_deserializer=parser(GetMessageClass(m.input_type)),
+                    response_serializer=serializer(GetMessageClass(m.output_type)),
                 )
             handlers.append(grpc.method_handlers_generic_handler(service.full_name, methods))
     return handlers

@@ -6,24 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from estimator import DEFAULT_PROFILE
-
-DEFAULT_HARDWARE = DEFAULT_PROFILE
-
-
-def _engine_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine")
-    group.add_argument(
-        "--hardware", default=DEFAULT_HARDWARE, help=f"hardware/model profile ({DEFAULT_HARDWARE})"
-    )
-    group.add_argument("--max-num-seqs", type=int, default=256, help="running requests at most")
-    group.add_argument(
-        "--chunk-tokens", type=int, default=2048, help="token budget per step (chunked prefill)"
-    )
-    group.add_argument("--kv-tokens", type=int, help="KV pool in tokens (default: the profile's)")
-    group.add_argument(
-        "--cpu-tier-tokens", type=int, default=0, help="CPU KV tier in tokens (0: none)"
-    )
+from simulator.studies.engineflags import engine_arguments, engine_config
 
 
 def _workload_arguments(parser: argparse.ArgumentParser, trace: bool) -> None:
@@ -70,7 +53,7 @@ def register(
         help="comma-separated policies, each NAME or NAME(key=value,...), e.g. "
         "'isolated,vllm,cachettl(ttl_cap_s=60,pressure=always)'",
     )
-    _engine_arguments(sim)
+    engine_arguments(sim)
     sim.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     sim.add_argument(
@@ -80,6 +63,14 @@ def register(
     )
     sim.set_defaults(handler=_simulate)
 
+    _register_others(commands, bench)
+
+
+def _register_others(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    bench: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """``trace``, ``demo``, ``forecast`` and the studies' ``bench`` commands."""
     trace = commands.add_parser("trace", help="generate or inspect agent traces")
     actions = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
     gen = actions.add_parser("generate", help="write a synthetic trace (JSON Lines)")
@@ -109,17 +100,6 @@ def register(
     forecasting.register_bench(bench)
     demo.register(commands)
     forecasting.register(commands)
-
-
-def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from simulator.engine import EngineConfig
-
-    return EngineConfig(
-        max_num_batched_tokens=args.chunk_tokens,
-        max_num_seqs=args.max_num_seqs,
-        kv_tokens=args.kv_tokens,
-        cpu_tier_tokens=args.cpu_tier_tokens,
-    )
 
 
 def load_programs(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -152,7 +132,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     policies = parse_policies(args.policy)
     get_profile(args.hardware)
-    config = _config(args)
+    config = engine_config(args)
     programs = load_programs(args)
     progress = Progress(len(programs) * (len(policies) + 1), not args.quiet and sys.stderr.isatty())
     timeline = None

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from simulator.studies.engineflags import engine_arguments, engine_config
 from simulator.studies.study import HARDWARE, Study, seed_list
 
 __all__ = ["register", "register_bench"]
@@ -24,8 +25,6 @@ __all__ = ["register", "register_bench"]
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cachettl forecast``."""
-    from simulator.studies.commands import _engine_arguments
-
     p = commands.add_parser(
         "forecast",
         help="what turning the hook on would change, from a shadow deployment's record",
@@ -45,7 +44,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--confidence", type=float, default=0.9, help="interval share (0.9)")
     p.add_argument("--seed", type=int, default=0, help="seed of the resampling")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    _engine_arguments(p)
+    engine_arguments(p)
     p.set_defaults(handler=_forecast)
 
 
@@ -76,7 +75,6 @@ def _when(text: str | None, flag: str) -> float | None:
 
 def _forecast(args: argparse.Namespace) -> int:
     from simulator.forecast import forecast, programs_from_store
-    from simulator.studies.commands import _config
     from simulator.trace import read_trace
 
     if args.trace:
@@ -104,7 +102,7 @@ def _forecast(args: argparse.Namespace) -> int:
         programs,
         policy=args.policy,
         hardware=args.hardware,
-        config=_config(args),
+        config=engine_config(args),
         replicas=args.replicas,
         confidence=args.confidence,
         seed=args.seed,
@@ -157,23 +155,7 @@ def _bench(args: argparse.Namespace) -> int:
                 "others": len(others),
             }
         )
-    ratios = sorted(measured.values())
-    print(
-        f"{args.workload}, {args.programs} programs, load {args.load:g}x "
-        f"({rate:.4f} programs/s), {len(seeds)} seeds, {args.replicas} replicas, "
-        f"{args.confidence:.0%} intervals"
-    )
-    print(
-        "measured mean JCT ratio (cachettl / vllm): median "
-        f"{ratios[len(ratios) // 2]:.3f}, range [{ratios[0]:.3f}, {ratios[-1]:.3f}]"
-    )
-    print("record seed  forecast: point [interval]   other seeds' measured ratios held")
-    for row in rows:
-        m = row["forecast"]["mean_jct_ratio"]
-        print(
-            f"{row['record_seed']:>11}  {m['point']:.3f} [{m['low']:.3f}, {m['high']:.3f}]"
-            f"   {row['held']}/{row['others']}"
-        )
+    _print_bench(args, rate, measured, rows)
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -189,3 +171,25 @@ def _bench(args: argparse.Namespace) -> int:
             )
         )
     return 0
+
+
+def _print_bench(
+    args: argparse.Namespace, rate: float, measured: dict[int, float], rows: list[dict[str, Any]]
+) -> None:
+    ratios = sorted(measured.values())
+    print(
+        f"{args.workload}, {args.programs} programs, load {args.load:g}x "
+        f"({rate:.4f} programs/s), {len(measured)} seeds, {args.replicas} replicas, "
+        f"{args.confidence:.0%} intervals"
+    )
+    print(
+        "measured mean JCT ratio (cachettl / vllm): median "
+        f"{ratios[len(ratios) // 2]:.3f}, range [{ratios[0]:.3f}, {ratios[-1]:.3f}]"
+    )
+    print("record seed  forecast: point [interval]   other seeds' measured ratios held")
+    for row in rows:
+        m = row["forecast"]["mean_jct_ratio"]
+        print(
+            f"{row['record_seed']:>11}  {m['point']:.3f} [{m['low']:.3f}, {m['high']:.3f}]"
+            f"   {row['held']}/{row['others']}"
+        )
