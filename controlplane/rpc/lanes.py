@@ -93,9 +93,7 @@ class Lanes:
     """Runs the doors' blocking work on ``workers`` threads, fairly across tenants (the
     module doc). Create and use it on one event loop; :meth:`close` ends its threads."""
 
-    def __init__(
-        self, workers: int = 3, half_life_s: float = 1.0, max_wait_s: float = 2.0
-    ) -> None:
+    def __init__(self, workers: int = 3, half_life_s: float = 1.0, max_wait_s: float = 2.0) -> None:
         if workers < 1:
             raise ValueError(f"lanes: workers must be at least 1, not {workers}")
         self.workers = workers
