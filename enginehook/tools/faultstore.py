@@ -311,7 +311,7 @@ def run_spill_full(
             args = [_cli(), "serve", "--db", db, "--listen", f"127.0.0.1:{port}"]
             serve = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
         run.flushed = link.flush(30.0)
-        run.after = _counters(link)
+        run.after = {**_counters(link), "corrupt": float(link.buffer.corrupt)}
     finally:
         try:
             link.close()
@@ -345,7 +345,7 @@ def _spill_report(run: SpillRun, db: str) -> str:
     flushed, counters = run.restarted
     delivered = counters.get("events_delivered_total", 0.0)
     levels = Counter(r.levelname for r in run.records)
-    firsts = {r.levelname: r.getMessage()[:200] for r in reversed(run.records)}
+    messages = [f"{r.levelname}: {r.getMessage()[:200]}" for r in run.records[:5]]
     return "\n".join(
         [
             f"spill bound {run.max_bytes} bytes; events submitted {run.events}; "
@@ -361,7 +361,7 @@ def _spill_report(run: SpillRun, db: str) -> str:
             f"{counters.get('corrupt', 0.0):.0f}",
             f"stored {stored}; dropped and counted {dropped:.0f}; rejected {rejected:.0f}; "
             f"neither {run.events - stored - dropped - rejected:.0f}",
-            f"log records by level {dict(levels)}; the first of each: {firsts}",
+            f"log records by level {dict(levels)}; the first five: {messages}",
         ]
     )
 
