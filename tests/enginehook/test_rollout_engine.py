@@ -115,3 +115,29 @@ def test_a_tool_outside_the_rollout_is_not_pinned_until_rollout_set_adds_it(driv
     text = scheduler.metrics.prometheus()
     assert 'cachettl_rollout{mode="only",tools="bash,pytest"} 1' in text
     assert "cachettl_shadow_mode 0" in text
+
+
+def test_a_shadow_rollout_gives_the_waiting_queue_back_to_vllms_order(driver, plane):
+    """``rollout set --shadow`` on a running engine: nothing is pinned and the waiting queue
+    is vLLM's own (first come, first served), with the requests that were waiting; the
+    hook's order returns when the rollout leaves shadow."""
+    url, _, _ = plane
+    scheduler = driver.scheduler
+    ours = type(scheduler.waiting)
+    assert ours.__module__.startswith("enginehook.")
+    assert main(["rollout", "set", "--tenant", "acme", "--shadow", "--db", url]) == 0
+    assert _wait(lambda: _rollout(driver) == Rollout.of("shadow"))
+    _turn(driver, "C", 0, "pytest")  # in the rollout before: not pinned in shadow
+    assert scheduler.pins.get("C") is None
+    assert type(scheduler.waiting).__module__.startswith("vllm.")
+    # an old program's returning turn queues behind a newer one's, as in stock vLLM
+    driver.finished_order.clear()
+    driver.add("D-0", driver.words(50), 2, session="D")
+    driver.add("C-1", driver.words(50), 2, session="C", xargs={"last_turn": 1})
+    assert [r.request_id.rsplit("-", 1)[0] for r in scheduler.waiting] == ["D-0", "C-1"]
+    assert main(["rollout", "set", "--tenant", "acme", "--all", "--db", url]) == 0
+    assert _wait(lambda: _rollout(driver) == Rollout.of("all"))
+    driver.drain()
+    assert type(scheduler.waiting) is ours
+    assert sorted(driver.finished_order) == ["C-1", "D-0"]
+    assert scheduler.metrics.snapshot()["shadow_pins"]["would_hit"] == 2
