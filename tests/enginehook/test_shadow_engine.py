@@ -1,24 +1,37 @@
-"""Shadow mode on the real CPU engine: the same replay through stock vLLM and through the
-hook with ``mode: shadow`` schedules the same requests, with the same tokens, at every
-step, and the shadow run reports the pins it would have made and what they would have met.
+"""Shadow mode and tool-by-tool rollout on the real CPU engine with a real control plane
+(in-process gRPC server, SQLite store).
+
+Two engines, one after the other. Stock vLLM runs a replay of agent programs first. Then the
+hook's engine, linked to a control plane whose tenant's rollout is ``shadow`` (set with
+``cachettl rollout set`` before the engine starts), runs the same replay: it schedules the
+same requests, with the same tokens, at every step, and reports the pins it would have made
+and what they would have met. The same engine then follows ``cachettl rollout set`` without a
+restart: a tool outside the rollout is not pinned, the tool is added, its next call is.
 
 The replay is driven step by step (:class:`Replay`): each program's next turn is added a
 fixed number of engine steps after its previous turn finished, and the hook's clock moves
 0.1 s per step, so both runs see the same requests at the same steps as long as they
-schedule alike (a difference would show at the first step it happens). The two engines run
-one after the other in this module (one engine at a time).
+schedule alike (a difference would show at the first step it happens).
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controlplane.cli import main
+from controlplane.rpc.server import ServerOptions
+from controlplane.service import ControlPlane
+from controlplane.storage import Store, create_store
+from controlplane.storage.rollouts import Rollout
 from tests.enginehook.driver import Driver, FakeClock, make_llm, shutdown
+from tests.support import ServerThread
 
 pytestmark = pytest.mark.slow
 
@@ -26,11 +39,12 @@ pytestmark = pytest.mark.slow
 STEP_S = 0.1
 #: The TTL every tool call would be pinned for (a fixed policy): 10 steps.
 TTL_S = 1.0
-SHADOW: dict[str, Any] = {
-    "mode": "shadow",
+HOOK: dict[str, Any] = {
     "policy": "fixed",
     "policy_params": {"ttl_s": TTL_S, "skip_slow_tools": False},
     "ttl_cap_s": 600.0,
+    "tenant": "acme",
+    "coherence": False,
 }
 #: Programs: (name, first step, tool gaps in steps after each turn but the last). Gaps of
 #: 3 steps come back within the TTL (would-hit), gaps of 25 after it (would-expire).
@@ -41,6 +55,16 @@ PROGRAMS = [
     ("D", 4, [3, 25]),
     ("E", 6, [25, 3, 3]),
 ]
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """Poll a condition (a snapshot's arrival; no TTL is waited for)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
 
 
 @dataclass
@@ -107,6 +131,36 @@ def _engine(model: Path, hook: dict[str, Any] | None) -> Driver:
     return Driver(llm, AutoTokenizer.from_pretrained(str(model)))
 
 
+@dataclass
+class Plane:
+    """The control plane: its database, store and server, and the tenant's token file."""
+
+    url: str
+    store: Store
+    target: str
+    token_file: Path
+
+    def rollout(self, *flags: str) -> None:
+        assert main(["rollout", "set", "--tenant", "acme", *flags, "--db", self.url]) == 0
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    """A control plane whose tenant ``acme`` is rolled out in shadow."""
+    folder = tmp_path_factory.mktemp("rollout-plane")
+    url = f"sqlite:///{folder / 'cachettl.sqlite3'}"
+    store = create_store(url)
+    control = ControlPlane(store, min_samples=3)
+    (folder / "token").write_text(control.create_tenant("acme")[1])
+    options = ServerOptions(listen="127.0.0.1:0", watch_interval_s=0.1, tail_interval_s=0.1)
+    server = ServerThread(control, options)
+    found = Plane(url, store, server.target, folder / "token")
+    found.rollout("--shadow")
+    yield found
+    server.stop()
+    store.close()
+
+
 @pytest.fixture(scope="module")
 def stock(tiny_model: Path, inproc: None) -> Replay:
     driver = _engine(tiny_model, None)
@@ -118,31 +172,61 @@ def stock(tiny_model: Path, inproc: None) -> Replay:
     return replay
 
 
+@dataclass
+class Hooked:
+    """The hook's engine after the shadow replay: what it scheduled and reported."""
+
+    driver: Driver
+    replay: Replay
+    events: list[dict[str, Any]]
+    counters: dict[str, Any]
+
+
+def _delivered(driver: Driver) -> bool:
+    """Every event written to the event log and acknowledged by the control plane."""
+    sink = driver.scheduler.services.sink  # the event log, over the control-plane link
+    return bool(sink.flush(20.0) and sink._inner.flush(20.0))
+
+
+def _rollout(driver: Driver) -> Rollout | None:
+    remote: Rollout | None = driver.scheduler.rollout.remote
+    return remote
+
+
 @pytest.fixture(scope="module")
-def shadow(
-    stock: Replay, tiny_model: Path, inproc: None, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Replay, list[dict[str, Any]], dict[str, Any]]:
-    log = tmp_path_factory.mktemp("shadow") / "events.jsonl"
-    driver = _engine(tiny_model, {**SHADOW, "event_log": str(log)})
-    clock = FakeClock()
-    driver.scheduler.clock = clock
-    replay = Replay(driver, clock)
+def hooked(
+    stock: Replay, plane: Plane, tiny_model: Path, inproc: None, tmp_path_factory: Any
+) -> Iterator[Hooked]:
+    folder = tmp_path_factory.mktemp("hooked")
+    log = folder / "events.jsonl"
+    hook = {
+        **HOOK,
+        "event_log": str(log),
+        "control_plane": plane.target,
+        "token_file": str(plane.token_file),
+        "spill_dir": str(folder / "spill"),
+    }
+    driver = _engine(tiny_model, hook)
     try:
-        replay.run()
         scheduler = driver.scheduler
-        assert scheduler.services.sink.flush(10.0)
+        clock = FakeClock()
+        scheduler.clock = clock
+        assert _wait(lambda: _rollout(driver) == Rollout.of("shadow"))
+        replay = Replay(driver, clock)
+        replay.run()
+        assert _delivered(driver)
         counters = dict(scheduler.metrics.snapshot()["shadow_pins"])
         counters["pins_taken"] = scheduler.metrics.pins_taken
         counters["shadow_mode"] = "cachettl_shadow_mode 1" in scheduler.metrics.prometheus()
         counters["waiting_is_vllms"] = type(scheduler.waiting).__module__.startswith("vllm.")
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        yield Hooked(driver, replay, events, counters)
     finally:
         shutdown(driver.llm)
-    events = [json.loads(line) for line in log.read_text().splitlines()]
-    return replay, events, counters
 
 
-def test_shadow_mode_schedules_as_stock_vllm_at_every_step(stock, shadow):
-    replay, _, counters = shadow
+def test_shadow_mode_schedules_as_stock_vllm_at_every_step(stock: Replay, hooked: Hooked):
+    replay, counters = hooked.replay, hooked.counters
     # the replay is one with contention: requests queued behind others
     assert stock.waiting_peak >= 2
     assert len(stock.steps) > 100
@@ -154,9 +238,8 @@ def test_shadow_mode_schedules_as_stock_vllm_at_every_step(stock, shadow):
     assert counters["waiting_is_vllms"]
 
 
-def test_shadow_run_reports_the_pins_it_would_have_made(shadow):
-    _, events, counters = shadow
-    calls = [e for e in events if e["kind"] == "tool_call"]
+def test_shadow_run_reports_the_pins_it_would_have_made(hooked: Hooked, plane: Plane):
+    calls = [e for e in hooked.events if e["kind"] == "tool_call"]
     gaps = {(name, k): gap for name, _, g in PROGRAMS for k, gap in enumerate(g)}
     assert len(calls) == len(gaps)
     for call in calls:
@@ -167,8 +250,81 @@ def test_shadow_run_reports_the_pins_it_would_have_made(shadow):
         assert call["pin_outcome"] == expected, call
         assert call["cache"]["reason"] != "hit"  # nothing was pinned
     hits = sum(1 for c in calls if c["pin_outcome"] == "hit")
+    counters = hooked.counters
     assert counters["would_hit"] == hits > 0
     assert counters["would_expire"] == len(calls) - hits > 0
     assert counters["shadow_mode"]
-    ends = [e for e in events if e["kind"] == "program_end"]
+    ends = [e for e in hooked.events if e["kind"] == "program_end"]
     assert sorted(e["program_id"] for e in ends) == [name for name, _, _ in PROGRAMS]
+    # the control plane stored them as shadow calls, and counts no pin
+    stored = [row.call for row in plane.store.read_tool_calls(0, 1000)]
+    assert len(stored) == len(calls)
+    assert all(call.shadow for call in stored)
+
+
+def _turn(driver: Driver, program: str, turn: int, tool: str | None) -> None:
+    """One turn of ``program`` (calling ``tool``; ``None``: its last turn)."""
+    xargs = {"tool": tool} if tool else {"last_turn": 1}
+    driver.run(f"{program}-{turn}", driver.words(200), 8, session=program, xargs=xargs)
+
+
+def test_a_tool_outside_the_rollout_is_not_pinned_until_rollout_set_adds_it(
+    hooked: Hooked, plane: Plane
+):
+    driver = hooked.driver
+    scheduler = driver.scheduler
+    plane.rollout("--only", "pytest")
+    assert _wait(lambda: _rollout(driver) == Rollout.of("only", ["pytest"]))
+    _turn(driver, "R", 0, "bash")  # outside the rollout: decided, reported, not pinned
+    assert scheduler.pins.get("R") is None
+    assert type(scheduler.waiting).__module__.startswith("enginehook.")  # the hook's order
+    _turn(driver, "R", 1, None)
+
+    plane.rollout("--only", "bash,pytest")
+    assert _wait(lambda: _rollout(driver) == Rollout.of("only", ["bash", "pytest"]))
+    _turn(driver, "S", 0, "bash")  # the same engine, no restart: now pinned
+    pin = scheduler.pins.get("S")
+    assert pin is not None
+    assert pin.ttl_s == TTL_S
+    _turn(driver, "S", 1, None)
+    assert scheduler.metrics.pins_taken == 1
+
+    assert _delivered(driver)
+    calls = {row.call.program_id: row.call for row in plane.store.read_tool_calls(0, 1000)}
+    assert calls["R"].shadow
+    assert calls["R"].chosen_ttl_s == TTL_S
+    assert calls["R"].pin_outcome.label == "hit"  # it came back within the TTL it would pin
+    assert not calls["S"].shadow
+    assert calls["S"].pin_outcome.label == "hit"
+    text = scheduler.metrics.prometheus()
+    assert 'cachettl_rollout{mode="only",tools="bash,pytest"} 1' in text
+    assert "cachettl_shadow_mode 0" in text
+
+
+def test_a_shadow_rollout_gives_the_waiting_queue_back_to_vllms_order(hooked: Hooked, plane: Plane):
+    """``rollout set --shadow`` on a running engine: nothing is pinned and the waiting queue
+    is vLLM's own (first come, first served), with the requests that were waiting; the
+    hook's order returns when the rollout leaves shadow."""
+    driver = hooked.driver
+    scheduler = driver.scheduler
+    plane.rollout("--all")
+    assert _wait(lambda: _rollout(driver) == Rollout.of("all"))
+    _turn(driver, "T", 0, "pytest")
+    assert scheduler.pins.get("T") is not None
+    ours = type(scheduler.waiting)
+    assert ours.__module__.startswith("enginehook.")
+    plane.rollout("--shadow")
+    assert _wait(lambda: _rollout(driver) == Rollout.of("shadow"))
+    _turn(driver, "U", 0, "pytest")  # in the rollout before: not pinned in shadow
+    assert scheduler.pins.get("U") is None
+    assert type(scheduler.waiting).__module__.startswith("vllm.")
+    # a newer program's request queues before an older one's returning turn, as in vLLM
+    driver.add("V-0", driver.words(50), 2, session="V")
+    driver.add("U-1", driver.words(50), 2, session="U", xargs={"last_turn": 1})
+    assert [r.request_id.rsplit("-", 1)[0] for r in scheduler.waiting] == ["V-0", "U-1"]
+    plane.rollout("--all")
+    assert _wait(lambda: _rollout(driver) == Rollout.of("all"))
+    driver.finished_order.clear()
+    driver.drain()
+    assert type(scheduler.waiting) is ours
+    assert sorted(driver.finished_order) == ["U-1", "V-0"]
