@@ -33,8 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.storage.rollouts import Rollout, parse_tools
-from enginehook.core.rollout import RolloutState
+from enginehook.core.rollout import Rollout, RolloutState, parse_tools
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tokens import read_token
 from estimator import DEFAULT_PROFILE

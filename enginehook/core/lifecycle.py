@@ -39,7 +39,7 @@ from enginehook.core.rollout import RolloutState
 from enginehook.core.rules import SchedulingRules
 from enginehook.core.tracker import CacheSeen, ToolCallTracker
 from enginehook.core.ttl import clip_ttl, finite_cap
-from estimator import RequestFacts
+from estimator import Decision, RequestFacts
 
 __all__ = ["PinController"]
 
@@ -179,13 +179,8 @@ class PinController(QueueOrder, Generic[H]):
         ttl_s = clip_ttl(decision.ttl_s, ceiling_s=turn.pin_ttl_max_s, cap_s=math.inf)
         if ttl_s != decision.ttl_s:  # the pin table applies the rules' cap
             decision = replace(decision, ttl_s=ttl_s)
-        if not self.rollout.pins(turn.tool):  # shadow: what it would pin, reported only
-            would = min(max(0.0, decision.ttl_s), self.pins.ttl_cap_s)
-            tracker.turn_finished(
-                program, now, tool=turn.tool, tool_args=turn.tool_args, ttl_s=would,
-                basis=decision.basis, shadow=True,
-            )  # fmt: skip
-            return Finish(decision=replace(decision, ttl_s=would), shadow=True)
+        if not self.rollout.pins(turn.tool):
+            return self._shadow(turn, decision, tracker, now)
         if decision.ttl_s <= 0:
             tracker.turn_finished(
                 program, now, tool=turn.tool, tool_args=turn.tool_args, basis=decision.basis
@@ -216,6 +211,18 @@ class PinController(QueueOrder, Generic[H]):
             not_pinned=NotPinnedCause.BUDGET,
         )
         return Finish(took=True, pinned=result.pinned, decision=decision, handle=handle)
+
+    def _shadow(
+        self, turn: FinishedTurn, decision: Decision, tracker: ToolCallTracker, now: float
+    ) -> Finish[H]:
+        """A turn whose tool is outside the rollout in force: the pin it would have made
+        (the TTL under the rules' cap) is reported, and nothing is taken."""
+        would = min(max(0.0, decision.ttl_s), self.pins.ttl_cap_s)
+        tracker.turn_finished(
+            turn.program_id, now, tool=turn.tool, tool_args=turn.tool_args, ttl_s=would,
+            basis=decision.basis, shadow=True,
+        )  # fmt: skip
+        return Finish(decision=replace(decision, ttl_s=would), shadow=True)
 
     def _facts(self, turn: FinishedTurn, tracker: ToolCallTracker) -> RequestFacts:
         assert turn.tool is not None

@@ -29,9 +29,9 @@ False
 
 from __future__ import annotations
 
-from controlplane.storage.rollouts import Rollout, RolloutMode
+from controlplane.records import Rollout, RolloutMode, parse_tools
 
-__all__ = ["SHADOW", "Rollout", "RolloutMode", "RolloutState"]
+__all__ = ["SHADOW", "Rollout", "RolloutMode", "RolloutState", "parse_tools"]
 
 #: The rollout of shadow mode: nothing pinned, vLLM's order kept.
 SHADOW = Rollout(RolloutMode.SHADOW)

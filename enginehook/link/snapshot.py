@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from controlplane.storage.rollouts import Rollout, RolloutMode
+from controlplane.records import Rollout, RolloutMode
 from estimator import DurationHierarchy, Level, Models, TtlPolicy
 from estimator.signatures import SignatureRegistry, readable_rules
 from estimator.sketch import SketchModel, decode_points

@@ -31,8 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from controlplane.records import NotPinnedCause, PinOutcome, TurnCache
-from controlplane.storage.rollouts import Rollout
+from controlplane.records import NotPinnedCause, PinOutcome, Rollout, TurnCache
 
 __all__ = ["EXPIRED_BY_BUCKETS_S", "SHADOW_OUTCOMES", "HookMetrics"]
 
