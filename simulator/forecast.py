@@ -9,8 +9,9 @@ both prefix hit rates.
 
 One record is one window of traffic; another window would differ. So the forecast is an
 interval: replica 0 is the record as it came, each further replica draws the record's
-programs again with replacement and redraws their arrivals (Poisson) at the record's own
-rate, and the interval spans the replicas' central ``confidence`` share. How well that
+programs again with replacement and redraws their arrivals (Poisson) at a rate drawn
+around the record's own (as uncertain as that many arrivals leave it), and the interval
+spans the replicas' central ``confidence`` share. How well that
 interval holds what the hook then measures is itself measured: ``cachettl bench forecast``
 forecasts from one seed's record and counts the other seeds whose measured ratio it holds.
 
@@ -100,13 +101,17 @@ def arrival_rate(programs: Sequence[Program]) -> float:
 
 def _replica(programs: Sequence[Program], r: int, rate: float, seed: int) -> list[Program]:
     """Replica ``r`` of the record: the record itself for 0, else its programs drawn again
-    with replacement (fresh ids) and arriving at ``rate``."""
+    with replacement (fresh ids), arriving as a Poisson process whose rate is drawn too:
+    n arrivals over a span tell the rate only to about 1/sqrt(n), and near an engine's
+    saturation that much decides whether stock's queue collapses (the rate's posterior
+    given n - 1 gaps: a gamma of shape n - 1 and mean ``rate``)."""
     if r == 0:
         return list(programs)
     rng = random.Random(f"forecast:{seed}:{r}")
     drawn = [rng.choice(programs) for _ in programs]
     renamed = [replace(p, program_id=f"{p.program_id}#{r}.{i}") for i, p in enumerate(drawn)]
-    return redraw_arrivals(renamed, rate, seed=seed * 1_000 + r)
+    gaps = len(programs) - 1
+    return redraw_arrivals(renamed, rng.gammavariate(gaps, rate / gaps), seed=seed * 1_000 + r)
 
 
 def _figures(run: RunResult) -> tuple[float, float, float, float]:
