@@ -120,6 +120,8 @@ class CacheTTLMixin(FinishedTurnHooks):
         #: Which tools may be pinned (own setting; the link adds the control plane's).
         self.rollout = self.services.decider.rollout = config.rollout()
         self.metrics.track_rollout(self.rollout.in_force)
+        if config.shadow or config.pin_tools or config.skip_tools:
+            logger.info("CacheTTL pins by %r", self.rollout)  # own shadow mode: always shadow
         self.controller: PinController[list[Any]] = PinController(
             config.rules,
             self,
