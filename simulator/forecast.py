@@ -15,31 +15,25 @@ spans the replicas' central ``confidence`` share. How well that
 interval holds what the hook then measures is itself measured: ``cachettl bench forecast``
 forecasts from one seed's record and counts the other seeds whose measured ratio it holds.
 
-:func:`programs_from_store` rebuilds programs from what the control plane stored for a
-tenant (the engines' reports): tool durations and turn order as reported, context sizes
-from the tokens each returning turn could have reused where the engine reported them.
+:func:`simulator.studies.forecasting.programs_from_store` rebuilds such a record from what
+the control plane stored for a tenant (the engines' reports).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from estimator import DEFAULT_PROFILE
 from simulator.engine import EngineConfig
 from simulator.sim import RunResult, simulate
-from simulator.trace import Program, Turn, redraw_arrivals
+from simulator.trace import Program, redraw_arrivals
 
-if TYPE_CHECKING:
-    from controlplane.storage import Store
-
-__all__ = ["Forecast", "Interval", "arrival_rate", "forecast", "programs_from_store"]
+__all__ = ["Forecast", "Interval", "arrival_rate", "forecast"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,61 +178,3 @@ def forecast(
         hit_rate_hook=interval(4),
         mean_jct_stock_s=stock_jct,
     )
-
-
-def programs_from_store(
-    store: Store,
-    tenant: str,
-    since: float | None = None,
-    until: float | None = None,
-    turn_tokens: int = 1_000,
-    output_tokens: int = 200,
-) -> tuple[list[Program], int]:
-    """The tenant's programs as the store holds them (tool calls finished within
-    [``since``, ``until``], Unix seconds), and how many of their turns had measured sizes.
-
-    Per program, the tool calls in turn order make its turns, each followed by its tool
-    and that tool's measured duration, and a last turn without a tool. A turn's size is the
-    growth of the context its returning turn could reuse (``reusable_tokens``, reported by
-    the engine hook) where known, else ``turn_tokens``; ``output_tokens`` of it (at most
-    half) are generated, the rest is input. A program arrives when its first tool call
-    finished (its first turn's own time is not recorded). Calls without ``finished_at``
-    are left out."""
-    calls: dict[str, list] = defaultdict(list)  # type: ignore[type-arg]
-    after = 0
-    while True:
-        page = store.read_tool_calls(after, 10_000, tenant)
-        if not page:
-            break
-        after = page[-1].seq
-        for row in page:
-            at = row.call.finished_at
-            if at is None or (since is not None and at < since):
-                continue
-            if until is not None and at > until:
-                continue
-            calls[row.call.program_id].append(row.call)
-    if not calls:
-        raise ValueError(f"tenant {tenant!r} has no tool calls with a finish time in that window")
-    measured = 0
-    programs: list[Program] = []
-    start = min(c.finished_at for cs in calls.values() for c in cs)
-    for program_id, cs in sorted(calls.items()):
-        cs.sort(key=lambda c: (c.turn_index, c.finished_at))
-        turns: list[Turn] = []
-        context = 0
-        for c in cs:
-            reusable = c.cache.reusable_tokens
-            if reusable is not None and reusable > context:
-                size, context = reusable - context, reusable
-                measured += 1
-            else:
-                size = turn_tokens
-                context += size
-            out = min(output_tokens, size // 2)
-            turns.append(Turn(max(1, size - out), max(1, out), c.tool, c.tool_args, c.duration_s))
-        out = min(output_tokens, turn_tokens // 2)
-        turns.append(Turn(max(1, turn_tokens - out), max(1, out)))
-        programs.append(Program(program_id, cs[0].finished_at - start, tuple(turns), tenant))
-    programs.sort(key=lambda p: p.arrival_s)
-    return programs, measured

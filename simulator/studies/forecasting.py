@@ -1,5 +1,8 @@
 """``cachettl forecast`` (what turning the hook on would change, from a shadow record) and
-``cachettl bench forecast`` (how often such a forecast holds what is then measured).
+``cachettl bench forecast`` (how often such a forecast holds what is then measured), and
+:func:`programs_from_store`: a record rebuilt from a tenant's reports in the control
+plane's store (tool durations and turn order as reported, context sizes from the tokens each
+returning turn could have reused where the engine reported them).
 
 ``bench forecast``: on each seed of a workload at a load, the hook's measured mean JCT
 ratio (``cachettl`` / ``vllm`` on that seed's programs); then, from each record seed's
@@ -13,14 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator.studies.engineflags import engine_arguments, engine_config
 from simulator.studies.study import HARDWARE, Study, seed_list
+from simulator.trace import Program, Turn
 
-__all__ = ["register", "register_bench"]
+if TYPE_CHECKING:
+    from controlplane.storage import Store
+
+__all__ = ["programs_from_store", "register", "register_bench"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,7 +82,7 @@ def _when(text: str | None, flag: str) -> float | None:
 
 
 def _forecast(args: argparse.Namespace) -> int:
-    from simulator.forecast import forecast, programs_from_store
+    from simulator.forecast import forecast
     from simulator.trace import read_trace
 
     if args.trace:
@@ -193,3 +201,61 @@ def _print_bench(
             f"{row['record_seed']:>11}  {m['point']:.3f} [{m['low']:.3f}, {m['high']:.3f}]"
             f"   {row['held']}/{row['others']}"
         )
+
+
+def programs_from_store(
+    store: Store,
+    tenant: str,
+    since: float | None = None,
+    until: float | None = None,
+    turn_tokens: int = 1_000,
+    output_tokens: int = 200,
+) -> tuple[list[Program], int]:
+    """The tenant's programs as the store holds them (tool calls finished within
+    [``since``, ``until``], Unix seconds), and how many of their turns had measured sizes.
+
+    Per program, the tool calls in turn order make its turns, each followed by its tool
+    and that tool's measured duration, and a last turn without a tool. A turn's size is the
+    growth of the context its returning turn could reuse (``reusable_tokens``, reported by
+    the engine hook) where known, else ``turn_tokens``; ``output_tokens`` of it (at most
+    half) are generated, the rest is input. A program arrives when its first tool call
+    finished (its first turn's own time is not recorded). Calls without ``finished_at``
+    are left out."""
+    calls: dict[str, list] = defaultdict(list)  # type: ignore[type-arg]
+    after = 0
+    while True:
+        page = store.read_tool_calls(after, 10_000, tenant)
+        if not page:
+            break
+        after = page[-1].seq
+        for row in page:
+            at = row.call.finished_at
+            if at is None or (since is not None and at < since):
+                continue
+            if until is not None and at > until:
+                continue
+            calls[row.call.program_id].append(row.call)
+    if not calls:
+        raise ValueError(f"tenant {tenant!r} has no tool calls with a finish time in that window")
+    measured = 0
+    programs: list[Program] = []
+    start = min(c.finished_at for cs in calls.values() for c in cs)
+    for program_id, cs in sorted(calls.items()):
+        cs.sort(key=lambda c: (c.turn_index, c.finished_at))
+        turns: list[Turn] = []
+        context = 0
+        for c in cs:
+            reusable = c.cache.reusable_tokens
+            if reusable is not None and reusable > context:
+                size, context = reusable - context, reusable
+                measured += 1
+            else:
+                size = turn_tokens
+                context += size
+            out = min(output_tokens, size // 2)
+            turns.append(Turn(max(1, size - out), max(1, out), c.tool, c.tool_args, c.duration_s))
+        out = min(output_tokens, turn_tokens // 2)
+        turns.append(Turn(max(1, turn_tokens - out), max(1, out)))
+        programs.append(Program(program_id, cs[0].finished_at - start, tuple(turns), tenant))
+    programs.sort(key=lambda p: p.arrival_s)
+    return programs, measured

@@ -12,7 +12,8 @@ import pytest
 from controlplane.cli import main
 from controlplane.records import MissReason, PinOutcome, Tenant, ToolCall, TurnCache
 from controlplane.storage import create_store
-from simulator.forecast import Interval, arrival_rate, forecast, programs_from_store
+from simulator.forecast import Interval, arrival_rate, forecast
+from simulator.studies.forecasting import programs_from_store
 from simulator.trace import write_trace
 from simulator.workloads import generate
 
