@@ -197,7 +197,8 @@ def _timeline(src: Sources, tenant: str, name: str) -> dict[str, Any]:
     why = np.zeros((len(MissReason), n), dtype=int)
     for c in timed:
         b = min(int(((c.finished_at or first) - first) / width), n - 1)
-        pins[c.pin_outcome, b] += 1
+        if not c.shadow:  # a shadow call's outcome is what a pin would have met
+            pins[c.pin_outcome, b] += 1
         why[c.cache.reason, b] += 1
     out["t"] = [first + (i + 0.5) * width for i in range(n)]
     out["outcomes"] = {o.label: pins[o].tolist() for o in outcomes}

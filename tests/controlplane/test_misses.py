@@ -253,7 +253,7 @@ def test_cli_tools_show_prints_the_tools_miss_reasons(tmp_path: Path, capsys) ->
     out = capsys.readouterr().out
     assert "returning turns by miss reason" in out
     assert "returning turns 10, missed 6 (60.0%)" in out
-    assert re.search(r"\n {6}expired +3 +30\.0%\n", out)
+    assert re.search(r"\n +expired +3 +30\.0%\n", out)
     assert main([*args, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["misses"]["reasons"] == {

@@ -3,6 +3,7 @@ tools, snapshots of them (streamed and written), batches of long arguments."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,9 @@ BOUND_SHARE = 0.25
 
 
 def _many_tools(start: int, n: int) -> list[ToolCall]:
-    return [ToolCall(f"t{i}", "p", f"tool-{i:05d}", f"run {i}", 0.5) for i in range(start, n)]
+    """One call each of tools ``start..n``, whose arguments name a command (a signature)."""
+    args = json.dumps({"command": "run"})
+    return [ToolCall(f"t{i}", "p", f"tool-{i:05d}", args, 0.5) for i in range(start, n)]
 
 
 def _probe(client: ControlPlaneClient, until: Callable[[], bool]) -> list[float]:
