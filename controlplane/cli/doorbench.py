@@ -15,9 +15,10 @@ new connection each time):
 
 Printed per phase: ``DecideTtl`` p50/p99 (ms) and their ratios to quiet and control, the
 viewer's pages answered, what the attack did, the timed server's log growth (bytes a
-minute), and the timed tenant's own ingest p99 with its ratio to quiet (and calls refused). The doors' contract: attack p99 within 2× quiet, or within 1.3× the control's where
-the attack's processes load this machine; the viewer's pages answered; log growth under
-1 MB a minute.
+minute), and the timed tenant's own ingest p99 with its ratio to quiet (and calls
+refused). The doors' contract: attack p99 within 2× quiet, or within 1.3× the control's
+where the attack's processes load this machine; the viewer's pages answered; log growth
+under 1 MB a minute.
 """
 
 from __future__ import annotations
