@@ -251,7 +251,8 @@ def test_a_tool_calls_reply_names_the_pin_the_event_log_records(server: Server) 
         "x-cachettl-pin-expires-at": f"{decided['expires_at']:.3f}",
         "x-cachettl-pin-tokens": str(decided["tokens"]),
     }
-    assert len(decided["engine"]) == 12
+    # the engine as its hook names it: the API server's host:port, then this start's id
+    assert re.fullmatch(r"127\.0\.0\.1:\d+#[0-9a-f]{6}", decided["engine"])
     assert last.parse().kv_transfer_params == {
         REPLY_KEY: {"engine": decided["engine"], "pinned": False}
     }
