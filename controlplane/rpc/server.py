@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import re
 import signal
 import sys
@@ -456,7 +455,7 @@ async def serve(plane: ControlPlane, options: ServerOptions) -> None:
     A serving process lets a thread that wants the interpreter lock in after
     ``SWITCH_INTERVAL_S`` rather than CPython's 5 ms (:mod:`controlplane.rpc.lanes`): the
     event loop answering decisions waits at most that long behind the doors' threads."""
-    sys.setswitchinterval(float(os.environ.get("CACHETTL_SWITCH_INTERVAL_S", SWITCH_INTERVAL_S)))
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     server = ControlPlaneServer(plane, options)
     port = await server.start()
     print(f"cachettl control plane on port {port} (policy {plane.policy_name})", flush=True)

@@ -17,8 +17,7 @@ schedule alike (a difference would show at the first step it happens).
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from controlplane.service import ControlPlane
 from controlplane.storage import Store, create_store
 from controlplane.storage.rollouts import Rollout
 from tests.enginehook.driver import Driver, FakeClock, make_llm, shutdown
+from tests.enginehook.test_cplink import _wait
 from tests.support import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -55,16 +55,6 @@ PROGRAMS = [
     ("D", 4, [3, 25]),
     ("E", 6, [25, 3, 3]),
 ]
-
-
-def _wait(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    """Poll a condition (a snapshot's arrival; no TTL is waited for)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 @dataclass
